@@ -1,0 +1,434 @@
+/*
+ * flashattn.h — the whole public API of flashattn.
+ *
+ * flashattn computes exact attention
+ *
+ *     O   = softmax(scale * Q K^T  (+ softcap, + ALiBi bias, + mask)) V
+ *     LSE = log(sum_j exp(score_ij))               one value per query row
+ *
+ * tile by tile with an online softmax, so the seqlen_q x seqlen_k score matrix never reaches
+ * main memory, and its gradients dQ, dK, dV by recomputation from LSE.
+ *
+ * Conventions used on this page
+ * -----------------------------
+ *  - Every function returns an fa_status. FA_OK is 0; anything else is an error, and then a
+ *    message naming the argument, the size and the reason is available from fa_last_error().
+ *    On any error no output tensor has been written.
+ *  - Tensors are views (fa_tensor): a data pointer, a dtype, a device, a shape and strides in
+ *    elements. Attention tensors are BSHD, [batch, seqlen, heads, head_dim], with any strides on
+ *    the first three dimensions and a contiguous last one. For variable-length batches
+ *    ("varlen") they are THD, [total_tokens, heads, head_dim], with the sequences packed along
+ *    the token dimension and described by cu_seqlens arrays (see fa_params).
+ *  - All work goes through an fa_context, which owns the backend choice, the thread count, the
+ *    CUDA stream, the workspace and the record of which kernel ran (fa_last_selection()).
+ *
+ * Semantics (identical on every backend; they follow the reference FlashAttention package)
+ * ---------------------------------------------------------------------------------------
+ *  - Masks are aligned to the bottom-right corner: with sq = seqlen_q and sk = seqlen_k of one
+ *    sequence, query row i sits on key column  c(i) = i + sk - sq.  Key j is visible to row i iff
+ *        (window_left  < 0 || j >= c(i) - window_left) &&
+ *        (window_right < 0 || j <= c(i) + window_right).
+ *    causal = 1 is the window (window_left, 0).
+ *  - softcap > 0 replaces the scaled score s by softcap * tanh(s / softcap).
+ *  - ALiBi adds -slope[h] * |c(i) - j| to the (scaled, capped) score.
+ *  - A query row that sees no key at all gets O = 0 and LSE = -INFINITY (the logarithm of an
+ *    empty sum: it carries zero weight when partial results are merged, and is never NaN). Its
+ *    gradients are 0.
+ *  - GQA / MQA: heads_q must be a multiple of heads_kv; query head h reads kv head
+ *    h / (heads_q / heads_kv). dK and dV sum the gradients of all query heads sharing a kv head.
+ *  - Accumulation is always in fp32 (the CPU reference in fp64).
+ *
+ * Thread safety: a context may be used by one thread at a time; distinct contexts are
+ * independent. fa_status_string() and fa_version() may be called from anywhere.
+ */
+#ifndef FLASHATTN_H
+#define FLASHATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32) && defined(FLASHATTN_BUILD_SHARED)
+#define FA_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define FA_API __attribute__((visibility("default")))
+#else
+#define FA_API
+#endif
+
+#define FA_VERSION_MAJOR 0
+#define FA_VERSION_MINOR 1
+#define FA_VERSION_PATCH 0
+
+/* Largest head dimension any backend accepts (the CUDA backend accepts a fixed subset). */
+#define FA_MAX_HEAD_DIM 256
+
+/* ------------------------------------------------------------------------------------------ */
+/* Status codes                                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum fa_status {
+    FA_OK = 0,
+    FA_ERR_NULL_POINTER = 1,       /* a required pointer (tensor, data, context, ...) is NULL   */
+    FA_ERR_INVALID_ARGUMENT = 2,   /* a scalar option is out of range (scale, window, softcap) */
+    FA_ERR_SHAPE = 3,              /* tensor shapes disagree with each other or are not > 0    */
+    FA_ERR_DTYPE = 4,              /* dtype not supported here, or tensors' dtypes disagree    */
+    FA_ERR_STRIDE = 5,             /* last dimension not contiguous, or negative/zero stride   */
+    FA_ERR_HEAD_DIM = 6,           /* head_dim outside what the chosen backend supports        */
+    FA_ERR_GQA = 7,                /* heads_q is not a multiple of heads_kv                    */
+    FA_ERR_VARLEN = 8,             /* cu_seqlens arrays inconsistent with the tensors          */
+    FA_ERR_OVERFLOW = 9,           /* a size or offset does not fit in 64 bits / the address space */
+    FA_ERR_DEVICE = 10,            /* tensor on the wrong device, or mixed devices             */
+    FA_ERR_UNSUPPORTED = 11,       /* valid request the selected backend cannot serve (and, in
+                                      strict mode, any fallback away from the preferred kernel) */
+    FA_ERR_NO_BACKEND = 12,        /* requested backend not compiled in or no usable device    */
+    FA_ERR_OUT_OF_MEMORY = 13,     /* allocation of workspace failed                           */
+    FA_ERR_WORKSPACE = 14,         /* user workspace smaller than fa_*_workspace_size() asks   */
+    FA_ERR_CUDA = 15,              /* the CUDA runtime reported an error (message has it)      */
+    FA_ERR_INTERNAL = 16           /* a bug in flashattn: please report it                     */
+} fa_status;
+
+/* A short constant English description of a status code ("null pointer", ...). Never NULL. */
+FA_API const char *fa_status_string(fa_status status);
+
+/* "MAJOR.MINOR.PATCH" of the library actually loaded. */
+FA_API const char *fa_version(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Tensors                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum fa_dtype {
+    FA_DTYPE_F32 = 0,
+    FA_DTYPE_F16 = 1,     /* IEEE binary16 */
+    FA_DTYPE_BF16 = 2,    /* bfloat16 */
+    FA_DTYPE_F8_E4M3 = 3, /* reserved for the Hopper FP8 path; rejected by current backends */
+    FA_DTYPE_F64 = 4      /* accepted by FA_ALGO_NAIVE only: the float64 reference */
+} fa_dtype;
+
+/* Name of a dtype ("f32", "f16", "bf16", "f8e4m3", "f64"), or "?" for an unknown value. */
+FA_API const char *fa_dtype_name(fa_dtype dtype);
+/* Size of one element in bytes, 0 for an unknown value. */
+FA_API size_t fa_dtype_size(fa_dtype dtype);
+
+typedef enum fa_device {
+    FA_DEVICE_CPU = 0,    /* host memory */
+    FA_DEVICE_CUDA = 1    /* CUDA device memory of the context's current device */
+} fa_device;
+
+/*
+ * A view of a strided tensor. Nothing is owned or copied.
+ *   ndim     4 for BSHD attention tensors, 3 for varlen THD tensors; LSE tensors are
+ *            [batch, heads, seqlen_q] (ndim 3) or, for varlen, [heads, total_q] (ndim 2).
+ *   shape    sizes, outermost first; entries past ndim are ignored.
+ *   stride   distances in elements (not bytes) between neighbours along each dimension.
+ *            The last dimension must have stride 1; the others must be >= 1, in any order.
+ */
+typedef struct fa_tensor {
+    void *data;
+    fa_dtype dtype;
+    fa_device device;
+    int ndim;
+    int64_t shape[4];
+    int64_t stride[4];
+} fa_tensor;
+
+/* A contiguous 4-d BSHD view of data: strides {s*h*d, h*d, d, 1}. */
+FA_API fa_tensor fa_tensor_bshd(void *data, fa_dtype dtype, fa_device device, int64_t batch,
+                                int64_t seqlen, int64_t heads, int64_t head_dim);
+/* A contiguous 3-d view (THD for varlen tensors, or [batch, heads, seqlen] for LSE). */
+FA_API fa_tensor fa_tensor_3d(void *data, fa_dtype dtype, fa_device device, int64_t d0,
+                              int64_t d1, int64_t d2);
+/* A contiguous 2-d view ([heads, total_q] LSE of a varlen call). */
+FA_API fa_tensor fa_tensor_2d(void *data, fa_dtype dtype, fa_device device, int64_t d0,
+                              int64_t d1);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Options                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * Every option of an attention call. Start from fa_params_default() and set what you need;
+ * later versions may add fields at the end, which the default constructor initialises.
+ */
+typedef struct fa_params {
+    /* Multiplier of Q K^T. 0 (the default) means 1/sqrt(head_dim). Must be finite and >= 0. */
+    float softmax_scale;
+    /* Bottom-right aligned causal mask: window_right becomes 0 (a causal call with
+       window_right > 0 is FA_ERR_INVALID_ARGUMENT; window_left still applies). */
+    int causal;
+    /* Sliding window around the diagonal c(i) (see the top of this file); -1 is unbounded. */
+    int64_t window_left;
+    int64_t window_right;
+    /* Tanh soft-capping of the scaled scores; 0 disables. Must be finite and >= 0. */
+    float softcap;
+    /* ALiBi slopes, fp32, on the same device as the tensors: heads_q values, or batch rows of
+       heads_q values each alibi_batch_stride apart. NULL disables. */
+    const float *alibi_slopes;
+    int64_t alibi_batch_stride;  /* 0: one slope per head shared by every batch entry;
+                                    else >= heads_q (FA_ERR_INVALID_ARGUMENT otherwise) */
+    /* Varlen: int32 prefix sums of the sequence lengths, batch+1 values starting at 0, on the
+       same device as the tensors. Both NULL for BSHD tensors, both set for THD tensors.
+       max_seqlen_q/k must bound every length (they size the launch; 0 means "compute it",
+       which on the CUDA backend costs a device-to-host copy). */
+    const int32_t *cu_seqlens_q;
+    const int32_t *cu_seqlens_k;
+    int64_t batch;  /* varlen only: number of sequences (cu_seqlens hold batch+1 values) */
+    int64_t max_seqlen_q;
+    int64_t max_seqlen_k;
+    /* Backward: 1 asks for bit-identical gradients run to run (no atomics). The CPU backend is
+       always deterministic. */
+    int deterministic;
+} fa_params;
+
+/* All defaults: scale 1/sqrt(d), no mask, no window, no softcap, no ALiBi, not varlen. */
+FA_API fa_params fa_params_default(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Context                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum fa_backend {
+    FA_BACKEND_AUTO = 0,  /* follow the tensors' device */
+    FA_BACKEND_CPU = 1,
+    FA_BACKEND_CUDA = 2
+} fa_backend;
+
+/*
+ * Which algorithm a context runs. The two naive algorithms materialise the whole score matrix,
+ * batch * heads_q * seqlen_q * seqlen_k values, as textbook attention does: they exist as
+ * references for tests and demonstrations, on the CPU only, and take every option.
+ *   FA_ALGO_NAIVE  accumulates in float64; the only algorithm that accepts FA_DTYPE_F64
+ *                  tensors, so exact inputs give a reference good to ~1e-15.
+ *   FA_ALGO_PLAIN  works "in the input precision" like a plain framework implementation:
+ *                  each matmul accumulates in fp32 and rounds its result to the input dtype,
+ *                  the softmax is fp32. Its error against FA_ALGO_NAIVE is the yardstick of
+ *                  the correctness rule (a kernel may err at most about twice as much).
+ */
+typedef enum fa_algo {
+    FA_ALGO_AUTO = 0,   /* the fastest kernel that serves the call (tiled, online softmax) */
+    FA_ALGO_NAIVE = 1,
+    FA_ALGO_PLAIN = 2
+} fa_algo;
+
+typedef struct fa_context fa_context;
+
+/*
+ * Creates a context for a backend. FA_BACKEND_CPU is always available; FA_BACKEND_CUDA returns
+ * FA_ERR_NO_BACKEND when the library was built without CUDA or no device is usable.
+ * Environment: FLASHATTN_LOG=1 prints every kernel choice to stderr; FLASHATTN_STRICT=1 makes
+ * the context strict (see fa_context_set_strict); FLASHATTN_NUM_THREADS sets the thread count.
+ * Returns FA_OK, FA_ERR_NULL_POINTER, FA_ERR_INVALID_ARGUMENT, FA_ERR_NO_BACKEND,
+ * FA_ERR_OUT_OF_MEMORY. On error *ctx is set to NULL and fa_last_error(NULL) has the message.
+ */
+FA_API fa_status fa_context_create(fa_context **ctx, fa_backend backend);
+/* Frees the context and any workspace it owns. NULL is a no-op. */
+FA_API void fa_context_destroy(fa_context *ctx);
+
+/* Worker threads for the CPU backend; 0 (the default) uses every available core. */
+FA_API fa_status fa_context_set_threads(fa_context *ctx, int threads);
+/* The cudaStream_t that CUDA work is queued on (NULL: the legacy default stream). */
+FA_API fa_status fa_context_set_stream(fa_context *ctx, void *cuda_stream);
+/* Algorithm choice (default FA_ALGO_AUTO). */
+FA_API fa_status fa_context_set_algo(fa_context *ctx, fa_algo algo);
+/* Strict mode: when the preferred kernel for a call cannot serve it, fail with
+   FA_ERR_UNSUPPORTED instead of running a slower kernel. */
+FA_API fa_status fa_context_set_strict(fa_context *ctx, int strict);
+/*
+ * Device-array checks of fa_fwd_kvcache (default on). The CUDA backend cannot read a cache's
+ * seqlens and block_table on the GPU without a round trip, so before using them it runs a small
+ * check kernel and waits for its answer: a bad array is then a clear FA_ERR_VARLEN with nothing
+ * written, at the price of one stream synchronisation per call (tens of microseconds: most of a
+ * decode step). Off (0): no check and no synchronisation (CUDA-graph friendly); the kernels
+ * still clamp lengths and page indices so that nothing outside the cache is touched, but a bad
+ * array then gives wrong rows instead of an error. (Varlen cu_seqlens are always checked.)
+ * FLASHATTN_DEVICE_CHECKS=0 in the environment turns them off for new contexts.
+ */
+FA_API fa_status fa_context_set_device_checks(fa_context *ctx, int on);
+/*
+ * Hands the context a workspace of `bytes` bytes (host memory for the CPU backend, device
+ * memory for CUDA). With no workspace set (the default, or ptr NULL) the context allocates and
+ * keeps what a call needs. A call whose need exceeds a user workspace fails with
+ * FA_ERR_WORKSPACE. The context never frees a user workspace. ptr NULL with bytes > 0 is
+ * FA_ERR_NULL_POINTER.
+ */
+FA_API fa_status fa_context_set_workspace(fa_context *ctx, void *ptr, size_t bytes);
+
+/*
+ * The detailed message of the last failed call on ctx (or of the last failed
+ * fa_context_create on this thread when ctx is NULL); "" after a successful call.
+ * Valid until the next call on the same context.
+ */
+FA_API const char *fa_last_error(const fa_context *ctx);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Kernel selection record                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/* What the dispatcher chose for a call on a context. */
+typedef struct fa_selection {
+    char kernel[64];       /* e.g. "cpu_fwd_avx512_f32_64x64", "cpu_fwd_naive_f64"                   */
+    char backend[8];       /* "cpu" or "cuda"                                                   */
+    char op[8];            /* "fwd" (fa_fwd, fa_fwd_kvcache), "bwd" or "merge" (fa_merge_attn) */
+    int tile_q;            /* query rows per tile (0 for untiled kernels)                       */
+    int tile_k;            /* key rows per tile                                                 */
+    int threads;           /* CPU worker threads used, or CUDA threads per block                 */
+    int num_splits;        /* split-KV chunks (1 when the key dimension is not split)            */
+    size_t workspace_bytes;/* workspace the call used                                            */
+    char reason[192];      /* why a faster path was refused, "" when the preferred kernel ran   */
+} fa_selection;
+
+/* The record of the last call on ctx if it succeeded; NULL when that call failed or there was
+   none (the record is cleared at the start of every call). */
+FA_API const fa_selection *fa_last_selection(const fa_context *ctx);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Forward                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * Attention forward.
+ *   q    [batch, seqlen_q, heads_q,  d]   (varlen: [total_q, heads_q, d])
+ *   k    [batch, seqlen_k, heads_kv, d]   (varlen: [total_k, heads_kv, d])
+ *   v    [batch, seqlen_k, heads_kv, d]   same shape as k
+ *   p    options; NULL means fa_params_default()
+ *   out  [batch, seqlen_q, heads_q, d], same dtype as q, any strides (written)
+ *   lse  fp32 [batch, heads_q, seqlen_q] (varlen: [heads_q, total_q]) or NULL (written);
+ *        f64 when the inputs are f64 (FA_ALGO_NAIVE)
+ * q, k, v, out share one dtype (f32, f16 or bf16; f64 with FA_ALGO_NAIVE) and one device.
+ * d is 1..256 on the CPU (d = 0 is FA_ERR_SHAPE, d > 256 FA_ERR_HEAD_DIM).
+ * out and lse must not overlap the inputs (FA_ERR_INVALID_ARGUMENT).
+ * Returns FA_OK or: FA_ERR_NULL_POINTER, FA_ERR_INVALID_ARGUMENT, FA_ERR_SHAPE, FA_ERR_DTYPE,
+ * FA_ERR_STRIDE, FA_ERR_HEAD_DIM, FA_ERR_GQA, FA_ERR_VARLEN, FA_ERR_OVERFLOW, FA_ERR_DEVICE,
+ * FA_ERR_UNSUPPORTED, FA_ERR_NO_BACKEND, FA_ERR_OUT_OF_MEMORY, FA_ERR_WORKSPACE, FA_ERR_CUDA.
+ */
+FA_API fa_status fa_fwd(fa_context *ctx, const fa_tensor *q, const fa_tensor *k,
+                        const fa_tensor *v, const fa_params *p, fa_tensor *out, fa_tensor *lse);
+
+/* Bytes of workspace fa_fwd would use for these arguments (validated as fa_fwd does). */
+FA_API fa_status fa_fwd_workspace_size(fa_context *ctx, const fa_tensor *q, const fa_tensor *k,
+                                       const fa_tensor *v, const fa_params *p, size_t *bytes);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Backward                                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * Attention backward by recomputation: from q, k, v, the forward output `out`, its gradient
+ * `dout` and the forward LSE, computes
+ *   dq [like q], dk [like k], dv [like v]   (written; same dtype as q, any strides)
+ * with the same options p as the forward call. lse is required (fp32, as fa_fwd writes it).
+ * No probability matrix is stored: the softmax is rebuilt from LSE tile by tile, with
+ * D_i = sum_d dout_id * out_id precomputed per row.
+ * Returns the statuses of fa_fwd.
+ */
+FA_API fa_status fa_bwd(fa_context *ctx, const fa_tensor *q, const fa_tensor *k,
+                        const fa_tensor *v, const fa_tensor *out, const fa_tensor *dout,
+                        const fa_tensor *lse, const fa_params *p, fa_tensor *dq, fa_tensor *dk,
+                        fa_tensor *dv);
+
+/* Bytes of workspace fa_bwd would use for these arguments. */
+FA_API fa_status fa_bwd_workspace_size(fa_context *ctx, const fa_tensor *q, const fa_tensor *k,
+                                       const fa_tensor *v, const fa_params *p, size_t *bytes);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Inference: KV cache, paged KV, split-KV decoding                                           */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * A KV cache. Sequence b holds seqlens[b] tokens (positions 0 .. seqlens[b]-1).
+ *   Contiguous: k and v are [batch, max_len, heads_kv, d] (any strides, last one 1); token t of
+ *     sequence b is row (b, t).
+ *   Paged: k and v are page pools [num_pages, page_size, heads_kv, d]; token t of sequence b
+ *     lives in pool page block_table[b * block_table_stride + t / page_size], row
+ *     t % page_size. Pages may be shared between sequences and appear in any order. Only
+ *     the entries of the pages a call touches (the first ceil((seqlens[b] + seqlen_new) /
+ *     page_size) of row b) are read, and they must lie in [0, num_pages). Rows appended by
+ *     one sequence must not be appended to by another in the same call, nor read by another
+ *     (the result would depend on the order of the work). max_pages >= 1 and
+ *     block_table_stride >= max_pages. On the CPU a page index out of the pool, a row
+ *     appended twice, or a bad max_pages / stride is FA_ERR_INVALID_ARGUMENT (reads of
+ *     appended rows by other sequences are not detected).
+ * seqlens and block_table are int32 arrays on the device of the tensors. k and v share one
+ * shape and may interleave (one buffer, K and V rows alternating).
+ */
+typedef struct fa_kvcache {
+    fa_tensor k, v;
+    const int32_t *seqlens;       /* [batch] tokens already in the cache */
+    const int32_t *block_table;   /* NULL: contiguous cache */
+    int64_t block_table_stride;   /* int32 elements between rows of block_table (paged only) */
+    int64_t max_pages;            /* usable entries per row of block_table (paged only) */
+} fa_kvcache;
+
+/*
+ * Attention of a few new query tokens per sequence against a KV cache (decoding, speculative
+ * or chunked prefill), with an optional append of new keys and values in the same call.
+ *   q      [batch, seqlen_q, heads_q, d]
+ *   cache  see fa_kvcache; its k/v tensors are written when k_new is given
+ *   k_new, v_new  NULL (both; one without the other is FA_ERR_NULL_POINTER), or
+ *          [batch, seqlen_new >= 1, heads_kv, d]: copied into the cache at positions
+ *          seqlens[b] .. seqlens[b] + seqlen_new - 1 first; attention then covers
+ *          seqlens[b] + seqlen_new keys. The seqlens array itself is not changed. The cache
+ *          must have room (max_len, or max_pages * page_size) — else FA_ERR_SHAPE (CPU) /
+ *          FA_ERR_VARLEN (device arrays are checked on the device); seqlens < 0 likewise.
+ *          A sequence may hold 0 tokens: its rows see no key (O = 0, LSE = -inf).
+ *   p      options as for fa_fwd; masks align bottom-right against the total length of each
+ *          sequence (query row i of sq sits on key column i + total_b - sq). Varlen fields
+ *          (cu_seqlens_q/k, batch, max_seqlen_q/k) must be 0/NULL: FA_ERR_VARLEN otherwise.
+ *   num_splits  0: the library picks how many chunks of the key range run in parallel and
+ *          merges them (recorded in fa_last_selection()->num_splits); n >= 1 forces n
+ *          (chunks past the keys are empty and cost little); n < 0 is FA_ERR_INVALID_ARGUMENT.
+ *   out, lse    as for fa_fwd.
+ * q, the cache, k_new/v_new and out share one dtype (f32 on the CPU, f16, bf16); there is no
+ * f64 / FA_ALGO_NAIVE or FA_ALGO_PLAIN path (FA_ERR_UNSUPPORTED on such a context: gather
+ * the cache into contiguous K/V and call fa_fwd to compare). out and lse must not overlap
+ * q, the cache, k_new/v_new, seqlens or block_table; when appending, the cache must not
+ * overlap q, k_new/v_new, seqlens or block_table either (FA_ERR_INVALID_ARGUMENT).
+ * Returns the statuses of fa_fwd; on error neither the outputs nor the cache are written.
+ */
+FA_API fa_status fa_fwd_kvcache(fa_context *ctx, const fa_tensor *q, const fa_kvcache *cache,
+                                const fa_tensor *k_new, const fa_tensor *v_new,
+                                const fa_params *p, int num_splits, fa_tensor *out,
+                                fa_tensor *lse);
+
+/* Bytes of workspace fa_fwd_kvcache would use (partial outputs of the splits). */
+FA_API fa_status fa_fwd_kvcache_workspace_size(fa_context *ctx, const fa_tensor *q,
+                                               const fa_kvcache *cache, const fa_tensor *k_new,
+                                               const fa_tensor *v_new, const fa_params *p,
+                                               int num_splits, size_t *bytes);
+
+/*
+ * Merges n partial attention results computed over disjoint sets of keys (shards of a cache,
+ * for example) into the result over their union, with the log-sum-exp correction:
+ *   lse = log(sum_s exp(lse_s)),  out = sum_s exp(lse_s - lse) * out_s.
+ * out_parts[s] are BSHD (or THD) like out, lse_parts[s] like lse (fp32, required); parts
+ * whose lse is -INFINITY (they saw no key) carry no weight (their out is not read), and a row
+ * no part saw gets out 0, lse -inf. out and lse (fp32, or NULL) are written; they must not
+ * overlap any part (FA_ERR_INVALID_ARGUMENT). The parts share one dtype; out may have another
+ * (f32, f16 or bf16 each, e.g. fp32 parts merged into a bf16 out). n >= 1; head_dim <= 256.
+ * Returns FA_OK or FA_ERR_NULL_POINTER, FA_ERR_INVALID_ARGUMENT, FA_ERR_SHAPE, FA_ERR_DTYPE,
+ * FA_ERR_STRIDE, FA_ERR_HEAD_DIM, FA_ERR_OVERFLOW, FA_ERR_DEVICE, FA_ERR_UNSUPPORTED,
+ * FA_ERR_OUT_OF_MEMORY, FA_ERR_CUDA.
+ */
+FA_API fa_status fa_merge_attn(fa_context *ctx, int n, const fa_tensor *out_parts,
+                               const fa_tensor *lse_parts, fa_tensor *out, fa_tensor *lse);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Introspection                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+/* A one-line description of the CPU's features seen by the library ("avx512f avx2 fma f16c"). */
+FA_API const char *fa_cpu_features(void);
+/* 1 if the library was built with the CUDA backend, else 0. */
+FA_API int fa_has_cuda(void);
+/* Number of kernels this build contains, and the name of kernel i (NULL past the end). */
+FA_API int fa_kernel_count(void);
+FA_API const char *fa_kernel_name(int i);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLASHATTN_H */

@@ -1,0 +1,209 @@
+"""The functions of the flash_attn package, with its names, arguments, defaults and returns.
+
+`from flashattn import flash_attn_func` (or `from flashattn.flash_attn_interface import ...`)
+replaces `from flash_attn import flash_attn_func`. They take torch tensors (CPU or CUDA, with
+autograd) and numpy arrays (CPU, forward only; see attention_backward for gradients).
+
+Differences from flash_attn, all explicit:
+  - dropout_p > 0 raises NotImplementedError (the library has no dropout).
+  - return_attn_probs=True returns (out, softmax_lse, None): with dropout_p = 0 flash_attn
+    returns no probabilities either (its S_dmask is only produced with dropout).
+  - A row that sees no key gets out = 0 and softmax_lse = -inf (flash_attn leaves its LSE
+    unspecified / +inf for an empty key set).
+  - flash_attn_varlen_func(block_table=...) raises NotImplementedError (the library's paged
+    cache takes BSHD queries: use flash_attn_with_kvcache); flash_attn_with_kvcache raises it
+    for rotary_cos / rotary_sin and cache_leftpad.
+  - softmax_scale = 0 is rejected (ValueError); None means 1/sqrt(head_dim).
+"""
+
+from . import _autograd, _core, _kvcache, _tensors
+
+__all__ = [
+    "flash_attn_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_with_kvcache",
+]
+
+
+def _check_dropout(dropout_p):
+    if dropout_p:
+        raise NotImplementedError(
+            f"dropout_p = {dropout_p}: flashattn has no attention dropout; pass dropout_p=0.0 "
+            f"(e.g. dropout_p=0.0 in training too, or apply dropout elsewhere)")
+
+
+def _check_packed(name, t, nd, n):
+    if t.ndim != nd or t.shape[-3] != n:
+        what = {3: "qkv", 2: "kv"}[n]
+        lead = "(total, " if nd == 4 else "(batch, seqlen, "
+        raise ValueError(f"{name} has shape {tuple(t.shape)}: expected {lead}{n}, heads, "
+                         f"head_dim) for packed {what}")
+
+
+def _run(layout, tensors, opts, return_attn_probs):
+    ops = _tensors.ops_for(*tensors)
+    if ops is _tensors.TorchOps:
+        res = _autograd.function().apply(layout, opts, bool(return_attn_probs), *tensors)
+        return (res[0], res[1], None) if return_attn_probs else res
+    q, k, v = _autograd.unpack(layout, tensors)
+    out, lse = _core.attention_forward(q, k, v, return_lse=bool(return_attn_probs), _opts=opts)
+    return (out, lse, None) if return_attn_probs else out
+
+
+_RETURNS = """
+
+    Returns out (batch, seqlen_q, nheads, headdim) [varlen: (total_q, nheads, headdim)], or with
+    return_attn_probs=True the tuple (out, softmax_lse, None): softmax_lse fp32
+    (batch, nheads, seqlen_q) [varlen: (nheads, total_q)], the natural-log log-sum-exp of each
+    row's scaled (capped, biased, masked) scores, -inf for a row that sees no key.
+"""
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                    return_attn_probs=False):
+    """Attention of q (batch, seqlen_q, nheads, headdim) over k, v
+    (batch, seqlen_k, nheads_k, headdim); nheads a multiple of nheads_k (GQA/MQA)."""
+    _check_dropout(dropout_p)
+    opts = _core.Options(softmax_scale, causal, window_size, softcap, alibi_slopes,
+                         deterministic=deterministic)
+    return _run("q,k,v", (q, k, v), opts, return_attn_probs)
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
+                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                              deterministic=False, return_attn_probs=False):
+    """Self-attention of packed qkv (batch, seqlen, 3, nheads, headdim). The gradient comes back
+    packed (one dqkv), with no concatenation."""
+    _check_dropout(dropout_p)
+    _check_packed("qkv", qkv, 5, 3)
+    opts = _core.Options(softmax_scale, causal, window_size, softcap, alibi_slopes,
+                         deterministic=deterministic)
+    return _run("qkv", (qkv,), opts, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
+                             window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                             deterministic=False, return_attn_probs=False):
+    """Attention of q (batch, seqlen_q, nheads, headdim) over packed kv
+    (batch, seqlen_k, 2, nheads_k, headdim)."""
+    _check_dropout(dropout_p)
+    _check_packed("kv", kv, 5, 2)
+    opts = _core.Options(softmax_scale, causal, window_size, softcap, alibi_slopes,
+                         deterministic=deterministic)
+    return _run("q,kv", (q, kv), opts, return_attn_probs)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                           softcap=0.0, alibi_slopes=None, deterministic=False,
+                           return_attn_probs=False, block_table=None):
+    """Variable-length attention: q (total_q, nheads, headdim), k, v (total_k, nheads_k,
+    headdim), sequence b being rows cu_seqlens[b]..cu_seqlens[b+1]-1 (int32 prefix sums,
+    batch + 1 values; empty sequences allowed). Masks align each sequence's own corner."""
+    _check_dropout(dropout_p)
+    if block_table is not None:
+        raise NotImplementedError(
+            "flash_attn_varlen_func(block_table=...): the library's paged KV cache "
+            "(fa_fwd_kvcache) takes (batch, seqlen_q, ...) queries, not varlen ones; use "
+            "flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=..., block_table=...) "
+            "with q padded to one seqlen_q")
+    opts = _core.Options(softmax_scale, causal, window_size, softcap, alibi_slopes,
+                         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, deterministic)
+    return _run("q,k,v", (q, k, v), opts, return_attn_probs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
+                                     softmax_scale=None, causal=False, window_size=(-1, -1),
+                                     softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
+    """Variable-length self-attention of packed qkv (total, 3, nheads, headdim)."""
+    _check_dropout(dropout_p)
+    _check_packed("qkv", qkv, 4, 3)
+    opts = _core.Options(softmax_scale, causal, window_size, softcap, alibi_slopes,
+                         cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, deterministic)
+    return _run("qkv", (qkv,), opts, return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, dropout_p=0.0, softmax_scale=None,
+                                    causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False,
+                                    return_attn_probs=False):
+    """Variable-length attention of q (total_q, nheads, headdim) over packed kv
+    (total_k, 2, nheads_k, headdim)."""
+    _check_dropout(dropout_p)
+    _check_packed("kv", kv, 4, 2)
+    opts = _core.Options(softmax_scale, causal, window_size, softcap, alibi_slopes,
+                         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, deterministic)
+    return _run("q,kv", (q, kv), opts, return_attn_probs)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, block_table=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False):
+    """Attention of a few new query tokens per sequence against a KV cache (decoding,
+    speculative decoding, chunked prefill), appending k, v into the cache first (in place).
+
+    q              (batch, seqlen_q, nheads, headdim)
+    k_cache, v_cache  (batch_cache, seqlen_cache, nheads_k, headdim), batch_cache >= batch
+                   (sequence b reads row b, or row cache_batch_idx[b]); with block_table a
+                   page pool (num_pages, page_size, nheads_k, headdim), any page_size
+    k, v           None, or (batch, seqlen_new, nheads_k, headdim): written into the cache at
+                   positions cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 of each
+                   sequence (through block_table when paged); attention then covers
+                   cache_seqlens[b] + seqlen_new keys. cache_seqlens is not advanced (as in
+                   flash_attn): add seqlen_new yourself for the next step.
+    cache_seqlens  int, or int32 (batch,) array/tensor (other integer dtypes are converted):
+                   tokens already in each sequence's cache. None: the whole cache
+                   (seqlen_cache, or max_pages * page_size) holds keys; required with k, v.
+    cache_batch_idx  int32 (batch,): the cache row of each sequence (contiguous caches only)
+    block_table    int32 (batch, max_pages): token t of sequence b is row t % page_size of
+                   pool page block_table[b, t // page_size]. Pages may come in any order; only
+                   the entries a call touches are read.
+    softmax_scale, causal, window_size, softcap, alibi_slopes  as for flash_attn_func; masks
+                   align bottom-right against each sequence's total length (query i of
+                   seqlen_q sits on key cache_seqlens[b] + seqlen_new - seqlen_q + i).
+    num_splits     0: the library chooses how many chunks of the keys run in parallel
+                   (last_selection().num_splits says); n >= 1 forces n.
+    return_softmax_lse  also return softmax_lse, fp32 (batch, nheads, seqlen_q)
+
+    Returns out (batch, seqlen_q, nheads, headdim), or (out, softmax_lse). A sequence whose
+    cache is empty (and that appends nothing) gets out 0 and lse -inf.
+    numpy arrays run on the CPU (float32, float16, bfloat16); torch tensors on their device, on
+    the current CUDA stream, with cache_seqlens / block_table on that device (host arrays are
+    copied there). On CUDA the library checks cache_seqlens / block_table on the GPU first,
+    which costs a stream synchronisation: set_options(device_checks=False) turns that off.
+    There is no autograd: this is an inference call.
+
+    Not supported (NotImplementedError): rotary_cos / rotary_sin (apply the rotary embedding
+    to q and k before the call) and cache_leftpad.
+    """
+    if rotary_cos is not None or rotary_sin is not None:
+        raise NotImplementedError(
+            "flash_attn_with_kvcache(rotary_cos=..., rotary_sin=...): flashattn has no fused "
+            "rotary embedding; rotate q and the new k before the call and pass "
+            "rotary_cos=rotary_sin=None")
+    if cache_leftpad is not None:
+        raise NotImplementedError(
+            "flash_attn_with_kvcache(cache_leftpad=...): left-padded caches are not supported "
+            "(the library's caches start at position 0); pass cache_leftpad=None")
+    opts = _core.Options(softmax_scale, causal, window_size, softcap, alibi_slopes)
+    out, lse = _kvcache.kvcache_forward(q, k_cache, v_cache, k, v, cache_seqlens,
+                                        cache_batch_idx, block_table, num_splits,
+                                        bool(return_softmax_lse), _opts=opts)
+    return (out, lse) if return_softmax_lse else out
+
+
+for _f in (flash_attn_func, flash_attn_qkvpacked_func, flash_attn_kvpacked_func,
+           flash_attn_varlen_func, flash_attn_varlen_qkvpacked_func,
+           flash_attn_varlen_kvpacked_func):
+    _f.__doc__ += _RETURNS + _core._OPTION_DOC
+del _f

@@ -1,0 +1,290 @@
+"""torch CUDA tensors on a GPU (runs on the device; skips elsewhere): forward and backward
+through autograd under DESIGN.md's rule, with torch's scaled_dot_product_attention in float64
+as the reference and a plain implementation in the tensors' precision as the baseline.
+Also: the current stream is honoured, and a library without the CUDA backend says so."""
+
+import numpy as np
+import pytest
+
+import flashattn
+import reference as R
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+F = torch.nn.functional
+UNIT = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24}
+
+
+def need_backend():
+    if not flashattn.has_cuda():
+        pytest.skip("libflashattn was built without the CUDA backend")
+
+
+def attention(q, k, v, causal, window, dtype):
+    """BSHD attention, bottom-right aligned mask. float64: torch's SDPA (the reference).
+    float16/bfloat16: a plain implementation (matmuls in dtype, softmax in fp32), the
+    yardstick of the rule, as flash-attention's own tests use."""
+    sq, sk, g = q.shape[1], k.shape[1], q.shape[2] // k.shape[2]
+    mask = torch.from_numpy(R.visible_mask(sq, sk, causal, window)).to(q.device)
+    qt, kt, vt = (x.to(dtype).transpose(1, 2) for x in (q, k, v))
+    kt, vt = kt.repeat_interleave(g, dim=1), vt.repeat_interleave(g, dim=1)
+    if dtype == torch.float64:
+        o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask)
+    else:
+        s = (qt @ kt.transpose(-1, -2)).float() * q.shape[-1] ** -0.5
+        p = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1)
+        o = p.to(dtype) @ vt
+    return o.transpose(1, 2)
+
+
+def rule(name, got, base, ref, dtype, extra=0.0):
+    got, base, ref = (x.detach().double() for x in (got, base, ref))
+    k_err, b_err = (got - ref).abs(), (base - ref).abs()
+    slack = 4 * UNIT[dtype] * max(1.0, ref.abs().max().item()) + extra
+    ok_max = k_err.max().item() <= 2 * b_err.max().item() + slack
+    ok_mean = k_err.mean().item() <= 2 * b_err.mean().item() + slack
+    assert torch.isfinite(got).all() and ok_max and ok_mean, (
+        f"{name}: flashattn max {k_err.max().item():.3g} mean {k_err.mean().item():.3g}, "
+        f"plain max {b_err.max().item():.3g} mean {b_err.mean().item():.3g}, slack {slack:.3g}")
+
+
+CASES = [  # b, sq, sk, hq, hkv, d, causal, window
+    (2, 128, 128, 8, 8, 64, False, (-1, -1)),
+    (2, 113, 257, 8, 2, 128, True, (-1, -1)),
+    (1, 256, 256, 4, 1, 96, True, (32, -1)),
+    (1, 64, 300, 4, 4, 256, False, (16, 16)),
+    (3, 17, 17, 6, 2, 32, True, (-1, -1)),
+    (1, 1, 513, 8, 2, 192, True, (-1, -1)),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("case", CASES, ids=[str(c) for c in CASES])
+def test_fwd_bwd_against_sdpa(case, dtype, seed):
+    need_backend()
+    b, sq, sk, hq, hkv, d, causal, window = case
+    gen = torch.Generator(device="cuda").manual_seed(hash(seed) & 0xFFFFFFFF)
+    rnd = lambda *s: torch.randn(*s, device="cuda", generator=gen).to(dtype)  # noqa: E731
+    q, k, v = rnd(b, sq, hq, d), rnd(b, sk, hkv, d), rnd(b, sk, hkv, d)
+    dout = rnd(b, sq, hq, d)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out, lse, _ = flashattn.flash_attn_func(*leaves, causal=causal, window_size=window,
+                                            return_attn_probs=True)
+    assert flashattn.last_selection().backend == "cuda"
+    out.backward(dout)
+    grads = [x.grad for x in leaves]
+
+    results = {}
+    for prec in (torch.float64, dtype):
+        xs = [x.detach().to(prec).requires_grad_() for x in (q, k, v)]
+        o = attention(*xs, causal, window, prec)
+        o.backward(dout.to(prec))
+        results[prec] = (o, *[x.grad for x in xs])
+    ref, base = results[torch.float64], results[dtype]
+    rule("out", out, base[0], ref[0], dtype)
+    for name, got, bs, rf in zip(("dq", "dk", "dv"), grads, base[1:], ref[1:]):
+        rule(name, got, bs, rf, dtype)
+
+    # LSE against the float64 log-sum-exp of the masked scores
+    qd, kd = q.double(), k.double().repeat_interleave(hq // hkv, dim=2)
+    s = torch.einsum("bihd,bjhd->bhij", qd, kd) / d**0.5
+    mask = torch.from_numpy(R.visible_mask(sq, sk, causal, window)).to("cuda")
+    lse_ref = torch.logsumexp(s.masked_fill(~mask, float("-inf")), dim=-1)
+    fin = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isneginf(lse), ~fin)
+    assert (lse[fin].double() - lse_ref[fin]).abs().max().item() < 1e-3
+
+
+def test_current_stream_is_used(seed):
+    need_backend()
+    q = torch.randn(2, 200, 4, 64, device="cuda", dtype=torch.float16)
+    ref = flashattn.flash_attn_func(q, q, q, causal=True)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = flashattn.flash_attn_func(q, q, q, causal=True)
+    side.synchronize()
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    from flashattn import _context
+    keys = list(_context._tls.contexts)
+    assert any(key[2] == side.cuda_stream for key in keys), keys
+
+
+def test_varlen_against_per_sequence_sdpa():
+    need_backend()
+    lens_q, lens_k = [37, 0, 128], [64, 5, 128]
+    hq, hkv, d, dt = 8, 2, 128, torch.bfloat16
+    cu_q = torch.tensor(np.concatenate([[0], np.cumsum(lens_q)]), dtype=torch.int32)
+    cu_k = torch.tensor(np.concatenate([[0], np.cumsum(lens_k)]), dtype=torch.int32)
+    q = torch.randn(sum(lens_q), hq, d, device="cuda", dtype=dt)
+    k = torch.randn(sum(lens_k), hkv, d, device="cuda", dtype=dt)
+    v = torch.randn(sum(lens_k), hkv, d, device="cuda", dtype=dt)
+    out = flashattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
+                                           causal=True)
+    for bi in range(3):
+        qs, ks = slice(cu_q[bi], cu_q[bi + 1]), slice(cu_k[bi], cu_k[bi + 1])
+        if lens_q[bi] == 0:
+            continue
+        ref = attention(q[None, qs], k[None, ks], v[None, ks], True, (-1, -1), torch.float64)[0]
+        base = attention(q[None, qs], k[None, ks], v[None, ks], True, (-1, -1), dt)[0]
+        rule(f"out seq {bi}", out[qs], base, ref, dt)
+
+
+def test_without_cuda_backend_the_error_says_so():
+    if flashattn.has_cuda():
+        pytest.skip("library has the CUDA backend")
+    q = torch.randn(1, 4, 2, 8, device="cuda")
+    with pytest.raises(flashattn.FlashAttnError) as e:
+        flashattn.flash_attn_func(q, q, q)
+    assert e.value.status_name == "FA_ERR_NO_BACKEND"
+
+
+# ---- KV cache (paged, torch CUDA tensors) ----
+
+def paged_cache(gen, dtype, lens, new, hk, d, page):
+    """A shuffled page pool: random rows for the first lens[b] tokens of each sequence, NaN in
+    every other row (reading one would show). Returns pool_k, pool_v, block_table (CUDA int32)."""
+    b = len(lens)
+    max_pages = -(-(max(lens) + new + 5) // page)
+    num_pages = b * max_pages + 3
+    order = torch.randperm(num_pages, generator=gen, device="cuda")
+    table = order[:b * max_pages].view(b, max_pages).to(torch.int32)
+    pools = []
+    for _ in range(2):
+        pool = torch.full((num_pages, page, hk, d), float("nan"), device="cuda", dtype=dtype)
+        for i, n in enumerate(lens):
+            t = torch.arange(n, device="cuda")
+            pool[table[i, t // page].long(), t % page] = torch.randn(
+                n, hk, d, device="cuda", generator=gen).to(dtype)
+        pools.append(pool)
+    return pools[0], pools[1], table
+
+
+def gather(pool, table, n, b, page):
+    t = torch.arange(n, device="cuda")
+    return pool[table[b, t // page].long(), t % page]
+
+
+def bits16(x):
+    return x.contiguous().view(torch.int16)
+
+
+KV_CASES = [  # lens, sq, new, hq, hk, d, page, causal, window
+    ([0, 1, 63, 300], 1, 1, 8, 2, 128, 16, False, (-1, -1)),
+    ([15, 64, 129, 1000], 4, 4, 8, 1, 64, 64, True, (-1, -1)),
+    ([0, 5, 129, 700], 2, 0, 4, 4, 256, 16, True, (100, 0)),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("case", KV_CASES, ids=[str(c[:3] + c[6:7]) for c in KV_CASES])
+def test_kvcache_paged(case, dtype, seed):
+    """flash_attn_with_kvcache on a paged cache with device seqlens/block_table: the append
+    (bit for bit, pages crossed, on a side stream) and the attention under the rule against
+    float64 SDPA of the gathered sequence, for num_splits 0, 1 and 3 and with device checks
+    off; every variant agrees with the others."""
+    need_backend()
+    lens, sq, new, hq, hk, d, page, causal, window = case
+    gen = torch.Generator(device="cuda").manual_seed(hash(seed) & 0xFFFFFFFF)
+    rnd = lambda *s: torch.randn(*s, device="cuda", generator=gen).to(dtype)  # noqa: E731
+    b = len(lens)
+    pool_k, pool_v, table = paged_cache(gen, dtype, lens, new, hk, d, page)
+    q = rnd(b, sq, hq, d)
+    kn, vn = (rnd(b, new, hk, d), rnd(b, new, hk, d)) if new else (None, None)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+
+    # expected cache, and the reference per sequence
+    exp_k, exp_v = pool_k.clone(), pool_v.clone()
+    for i, n in enumerate(lens):
+        t = torch.arange(n, n + new, device="cuda")
+        if new:
+            exp_k[table[i, t // page].long(), t % page] = kn[i]
+            exp_v[table[i, t // page].long(), t % page] = vn[i]
+    ref_out, base_out, ref_lse = [], [], []
+    for i, n in enumerate(lens):
+        K, V = gather(exp_k, table, n + new, i, page), gather(exp_v, table, n + new, i, page)
+        if n + new == 0:  # no key: out 0, lse -inf
+            ref_out.append(torch.zeros(1, sq, hq, d, device="cuda", dtype=torch.float64))
+            base_out.append(ref_out[-1])
+            ref_lse.append(torch.full((hq, sq), float("-inf"), device="cuda",
+                                      dtype=torch.float64))
+            continue
+        ref_out.append(attention(q[i:i + 1], K[None], V[None], causal, window, torch.float64))
+        base_out.append(attention(q[i:i + 1], K[None], V[None], causal, window, dtype))
+        s = torch.einsum("ihd,jhd->hij", q[i].double(),
+                         K.double().repeat_interleave(hq // hk, dim=1)) / d**0.5
+        mask = torch.from_numpy(R.visible_mask(sq, n + new, causal, window)).to("cuda")
+        ref_lse.append(torch.logsumexp(s.masked_fill(~mask, float("-inf")), dim=-1))
+    ref_out, base_out, ref_lse = torch.cat(ref_out), torch.cat(base_out), torch.stack(ref_lse)
+
+    side = torch.cuda.Stream()
+    results = []
+    for splits, checks in ((0, True), (1, True), (3, True), (0, False)):
+        pk, pv = pool_k.clone(), pool_v.clone()
+        flashattn.set_options(device_checks=checks)
+        try:
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                out, lse = flashattn.flash_attn_with_kvcache(
+                    q, pk, pv, kn, vn, cache_seqlens=seqlens, block_table=table, causal=causal,
+                    window_size=window, num_splits=splits, return_softmax_lse=True)
+            sel = flashattn.last_selection()
+            side.synchronize()
+        finally:
+            flashattn.set_options(device_checks=True)
+        tag = f"{case} splits {splits} checks {checks}"
+        assert sel.backend == "cuda", sel
+        if splits:
+            assert sel.num_splits == splits, (tag, sel)
+        assert ("device checks" in sel.reason) == (not checks), (tag, sel)
+        assert torch.equal(bits16(pk), bits16(exp_k)), tag
+        assert torch.equal(bits16(pv), bits16(exp_v)), tag
+        rule(f"out [{tag}]", torch.nan_to_num(out.float(), nan=1e9), base_out, ref_out, dtype)
+        fin = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isneginf(lse), ~fin), tag
+        assert (lse[fin].double() - ref_lse[fin]).abs().max().item() < 1e-3, tag
+        results.append(out)
+    for out in results[1:]:
+        rule("splits agree", out, results[0], ref_out, dtype)
+    from flashattn import _context
+    assert any(key[2] == side.cuda_stream for key in _context._tls.contexts)
+
+
+def test_kvcache_device_check_errors_and_merge():
+    """A bad block_table or seqlens on the device is FA_ERR_VARLEN with nothing written (device
+    checks on); merge_attn on CUDA tensors recombines two halves of the cache."""
+    need_backend()
+    flashattn.set_options(device_checks=True)  # whatever FLASHATTN_DEVICE_CHECKS says
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    dt, hq, hk, d, page = torch.bfloat16, 4, 2, 64, 16
+    pool_k, pool_v, table = paged_cache(gen, dt, [40, 20], 2, hk, d, page)
+    q = torch.randn(2, 1, hq, d, device="cuda", generator=gen).to(dt)
+    kn = torch.randn(2, 2, hk, d, device="cuda", generator=gen).to(dt)
+    seqlens = torch.tensor([40, 20], dtype=torch.int32, device="cuda")
+    bad = table.clone()
+    bad[1, 1] = pool_k.shape[0]
+    before = bits16(pool_k).clone()
+    for kw, frag in ((dict(cache_seqlens=seqlens, block_table=bad), "outside the pool"),
+                     (dict(cache_seqlens=seqlens + 1000, block_table=table), "capacity")):
+        with pytest.raises(flashattn.FlashAttnError) as e:
+            flashattn.flash_attn_with_kvcache(q, pool_k, pool_v, kn, kn, **kw)
+        assert e.value.status_name == "FA_ERR_VARLEN" and frag in e.value.message, str(e.value)
+    assert torch.equal(bits16(pool_k), before)
+
+    # keys [0, 16) and [16, 40) of sequence 0 / [0, 16) and [16, 20) of sequence 1 as two
+    # calls (the second through a table shifted by one page), merged
+    one = torch.ones(2, dtype=torch.int32, device="cuda")
+    full, full_lse = flashattn.flash_attn_with_kvcache(
+        q, pool_k, pool_v, cache_seqlens=seqlens, block_table=table, return_softmax_lse=True)
+    o1, l1 = flashattn.flash_attn_with_kvcache(q, pool_k, pool_v, cache_seqlens=16 * one,
+                                               block_table=table, return_softmax_lse=True)
+    o2, l2 = flashattn.flash_attn_with_kvcache(q, pool_k, pool_v, cache_seqlens=seqlens - 16,
+                                               block_table=table[:, 1:].contiguous(),
+                                               return_softmax_lse=True)
+    out, lse = flashattn.merge_attn([o1, o2], [l1, l2])
+    assert flashattn.last_selection().op == "merge"
+    assert (lse - full_lse).abs().max().item() < 1e-4
+    # each of out, o1, o2 and full is rounded to bf16 once
+    bound = 4 * 2.0**-8 * max(1.0, full.float().abs().max().item())
+    assert (out.float() - full.float()).abs().max().item() <= bound

@@ -1,0 +1,228 @@
+/*
+ * context.c — the small public pieces: status and dtype names, tensor and params
+ * constructors, the context and its settings, error messages and the selection record.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+#define FA_STR2(x) #x
+#define FA_STR(x) FA_STR2(x)
+
+const char *fa_version(void) {
+    return FA_STR(FA_VERSION_MAJOR) "." FA_STR(FA_VERSION_MINOR) "." FA_STR(FA_VERSION_PATCH);
+}
+
+const char *fa_status_string(fa_status st) {
+    switch (st) {
+    case FA_OK: return "ok";
+    case FA_ERR_NULL_POINTER: return "null pointer";
+    case FA_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case FA_ERR_SHAPE: return "bad shape";
+    case FA_ERR_DTYPE: return "unsupported or mismatched dtype";
+    case FA_ERR_STRIDE: return "bad stride";
+    case FA_ERR_HEAD_DIM: return "unsupported head dimension";
+    case FA_ERR_GQA: return "heads_q is not a multiple of heads_kv";
+    case FA_ERR_VARLEN: return "inconsistent varlen sequence lengths";
+    case FA_ERR_OVERFLOW: return "size overflow";
+    case FA_ERR_DEVICE: return "wrong device";
+    case FA_ERR_UNSUPPORTED: return "unsupported by the selected kernel";
+    case FA_ERR_NO_BACKEND: return "backend not available";
+    case FA_ERR_OUT_OF_MEMORY: return "out of memory";
+    case FA_ERR_WORKSPACE: return "workspace too small";
+    case FA_ERR_CUDA: return "CUDA error";
+    case FA_ERR_INTERNAL: return "internal error";
+    }
+    return "unknown status";
+}
+
+const char *fa_dtype_name(fa_dtype dt) {
+    switch (dt) {
+    case FA_DTYPE_F32: return "f32";
+    case FA_DTYPE_F16: return "f16";
+    case FA_DTYPE_BF16: return "bf16";
+    case FA_DTYPE_F8_E4M3: return "f8e4m3";
+    case FA_DTYPE_F64: return "f64";
+    }
+    return "?";
+}
+
+size_t fa_dtype_size(fa_dtype dt) {
+    switch (dt) {
+    case FA_DTYPE_F32: return 4;
+    case FA_DTYPE_F16: return 2;
+    case FA_DTYPE_BF16: return 2;
+    case FA_DTYPE_F8_E4M3: return 1;
+    case FA_DTYPE_F64: return 8;
+    }
+    return 0;
+}
+
+static fa_tensor contiguous(void *data, fa_dtype dt, fa_device dev, int ndim, const int64_t *shape) {
+    fa_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = data;
+    t.dtype = dt;
+    t.device = dev;
+    t.ndim = ndim;
+    int64_t s = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        t.shape[i] = shape[i];
+        t.stride[i] = s;
+        s *= shape[i];
+    }
+    return t;
+}
+
+fa_tensor fa_tensor_bshd(void *data, fa_dtype dt, fa_device dev, int64_t b, int64_t s, int64_t h,
+                         int64_t d) {
+    int64_t shape[4] = {b, s, h, d};
+    return contiguous(data, dt, dev, 4, shape);
+}
+
+fa_tensor fa_tensor_3d(void *data, fa_dtype dt, fa_device dev, int64_t d0, int64_t d1, int64_t d2) {
+    int64_t shape[3] = {d0, d1, d2};
+    return contiguous(data, dt, dev, 3, shape);
+}
+
+fa_tensor fa_tensor_2d(void *data, fa_dtype dt, fa_device dev, int64_t d0, int64_t d1) {
+    int64_t shape[2] = {d0, d1};
+    return contiguous(data, dt, dev, 2, shape);
+}
+
+fa_params fa_params_default(void) {
+    fa_params p;
+    memset(&p, 0, sizeof p);
+    p.window_left = -1;
+    p.window_right = -1;
+    return p;
+}
+
+/* ---- errors ---- */
+
+/* Failures of fa_context_create have no context to hold their message. */
+static _Thread_local char g_create_err[FA_ERRMSG_LEN];
+
+fa_status fa_fail(fa_context *ctx, fa_status st, const char *fmt, ...) {
+    char *buf = ctx ? ctx->err : g_create_err;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, FA_ERRMSG_LEN, fmt, ap);
+    va_end(ap);
+    if (ctx && ctx->log) fprintf(stderr, "flashattn: error: %s: %s\n", fa_status_string(st), buf);
+    return st;
+}
+
+const char *fa_last_error(const fa_context *ctx) { return ctx ? ctx->err : g_create_err; }
+
+/* ---- context ---- */
+
+static int env_int(const char *name, int fallback) {
+    const char *s = getenv(name);
+    if (!s || !*s) return fallback;
+    char *end;
+    long v = strtol(s, &end, 10);
+    return (*end == 0 && v >= 0 && v < 1 << 20) ? (int)v : fallback;
+}
+
+fa_status fa_context_create(fa_context **out, fa_backend backend) {
+    if (!out) return fa_fail(NULL, FA_ERR_NULL_POINTER, "fa_context_create: ctx is NULL");
+    *out = NULL;
+    g_create_err[0] = 0;
+    const fa_backend_ops *ops;
+    switch (backend) {
+    case FA_BACKEND_AUTO:
+    case FA_BACKEND_CPU: ops = &fa_cpu_backend; break;
+    case FA_BACKEND_CUDA:
+        ops = fa_has_cuda() ? fa_cuda_backend_get() : NULL;
+        if (!ops)
+            return fa_fail(NULL, FA_ERR_NO_BACKEND, "fa_context_create: %s",
+                           fa_cuda_unavailable());
+        break;
+    default:
+        return fa_fail(NULL, FA_ERR_INVALID_ARGUMENT, "fa_context_create: unknown backend %d",
+                       (int)backend);
+    }
+    fa_context *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return fa_fail(NULL, FA_ERR_OUT_OF_MEMORY, "fa_context_create: out of memory");
+    ctx->backend = backend;
+    ctx->ops = ops;
+    ctx->threads = env_int("FLASHATTN_NUM_THREADS", 0);
+    ctx->log = env_int("FLASHATTN_LOG", 0) != 0;
+    ctx->strict = env_int("FLASHATTN_STRICT", 0) != 0;
+    ctx->device_checks = env_int("FLASHATTN_DEVICE_CHECKS", 1) != 0;
+    *out = ctx;
+    return FA_OK;
+}
+
+void fa_context_destroy(fa_context *ctx) {
+    if (!ctx) return;
+    if (ctx->own_ws) ctx->ops->ws_free(ctx->own_ws);
+    free(ctx);
+}
+
+#define NEED_CTX(fn)                                                                          \
+    do {                                                                                      \
+        if (!ctx) return fa_fail(NULL, FA_ERR_NULL_POINTER, fn ": ctx is NULL");              \
+        ctx->err[0] = 0;                                                                      \
+    } while (0)
+
+fa_status fa_context_set_threads(fa_context *ctx, int threads) {
+    NEED_CTX("fa_context_set_threads");
+    if (threads < 0)
+        return fa_fail(ctx, FA_ERR_INVALID_ARGUMENT, "fa_context_set_threads: threads = %d < 0",
+                       threads);
+    ctx->threads = threads;
+    return FA_OK;
+}
+
+fa_status fa_context_set_stream(fa_context *ctx, void *stream) {
+    NEED_CTX("fa_context_set_stream");
+    ctx->stream = stream;
+    return FA_OK;
+}
+
+fa_status fa_context_set_algo(fa_context *ctx, fa_algo algo) {
+    NEED_CTX("fa_context_set_algo");
+    if (algo != FA_ALGO_AUTO && algo != FA_ALGO_NAIVE && algo != FA_ALGO_PLAIN)
+        return fa_fail(ctx, FA_ERR_INVALID_ARGUMENT, "fa_context_set_algo: unknown algo %d",
+                       (int)algo);
+    ctx->algo = algo;
+    return FA_OK;
+}
+
+fa_status fa_context_set_device_checks(fa_context *ctx, int on) {
+    NEED_CTX("fa_context_set_device_checks");
+    ctx->device_checks = on != 0;
+    return FA_OK;
+}
+
+fa_status fa_context_set_strict(fa_context *ctx, int strict) {
+    NEED_CTX("fa_context_set_strict");
+    ctx->strict = strict != 0;
+    return FA_OK;
+}
+
+fa_status fa_context_set_workspace(fa_context *ctx, void *ptr, size_t bytes) {
+    NEED_CTX("fa_context_set_workspace");
+    if (!ptr && bytes)
+        return fa_fail(ctx, FA_ERR_NULL_POINTER,
+                       "fa_context_set_workspace: ptr is NULL but bytes = %zu", bytes);
+    ctx->user_ws = ptr;
+    ctx->user_ws_bytes = ptr ? bytes : 0;
+    return FA_OK;
+}
+
+const fa_selection *fa_last_selection(const fa_context *ctx) {
+    return ctx && ctx->has_selection ? &ctx->sel : NULL;
+}
+
+void fa_select(fa_context *ctx, const char *backend, const char *op, const char *kernel) {
+    memset(&ctx->sel, 0, sizeof ctx->sel);
+    snprintf(ctx->sel.backend, sizeof ctx->sel.backend, "%s", backend);
+    snprintf(ctx->sel.op, sizeof ctx->sel.op, "%s", op);
+    snprintf(ctx->sel.kernel, sizeof ctx->sel.kernel, "%s", kernel);
+    ctx->sel.num_splits = 1;
+}

@@ -1,0 +1,334 @@
+/*
+ * cpu/backend.c — the CPU backend's table: picks the kernel for a validated problem, records
+ * the choice, sizes the workspace, runs. Also the CPU facts `flashattn info` shows.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "isa.h"
+
+int fa_cpu_threads(const fa_context *ctx) {
+    if (ctx->threads > 0) return ctx->threads;
+#ifdef _OPENMP
+    return omp_get_num_procs();
+#else
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+#endif
+}
+
+/* The naive references exist in two precisions (see fa_algo). */
+static const char *naive_name(char *buf, size_t len, const char *op, const fa_problem *p,
+                              int plain) {
+    if (plain)
+        snprintf(buf, len, "cpu_%s_plain_%s", op, fa_dtype_name(p->dtype));
+    else
+        snprintf(buf, len, "cpu_%s_naive_f64", op);
+    return buf;
+}
+
+static void record(fa_context *ctx, const char *op, const char *kernel, fa_cpu_tiles t,
+                   int threads, size_t ws) {
+    fa_select(ctx, "cpu", op, kernel);
+    ctx->sel.tile_q = t.tile_q;
+    ctx->sel.tile_k = t.tile_k;
+    ctx->sel.threads = threads;
+    ctx->sel.workspace_bytes = ws;
+}
+
+static fa_status naive_failed(fa_context *ctx, const char *op, const fa_problem *p) {
+    return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY,
+                   "fa_%s: the naive reference cannot allocate its %lld x %lld x %lld x %lld "
+                   "score matrix",
+                   op, (long long)p->batch, (long long)p->heads_q, (long long)p->seqlen_q,
+                   (long long)p->seqlen_k);
+}
+
+/* ---- instruction-set levels (isa.h) ---- */
+
+extern const fa_cpu_isa_ops fa_cpu_isa_ops_scalar;
+#ifdef FA_CPU_X86_ISAS
+extern const fa_cpu_isa_ops fa_cpu_isa_ops_avx2, fa_cpu_isa_ops_avx512;
+#endif
+
+const fa_cpu_isa_ops *fa_cpu_isa_table(fa_cpu_isa isa) {
+    switch (isa) {
+    case FA_CPU_ISA_SCALAR: return &fa_cpu_isa_ops_scalar;
+#ifdef FA_CPU_X86_ISAS
+    case FA_CPU_ISA_AVX2: return &fa_cpu_isa_ops_avx2;
+    case FA_CPU_ISA_AVX512: return &fa_cpu_isa_ops_avx512;
+#endif
+    default: return NULL;
+    }
+}
+
+int fa_cpu_isa_supported(fa_cpu_isa isa) {
+    if (isa == FA_CPU_ISA_SCALAR) return 1;
+#if defined(FA_CPU_X86_ISAS) && (defined(__x86_64__) || defined(__i386__))
+    __builtin_cpu_init();
+    /* the levels' -m flags (CMakeLists.txt): AVX-512F also compiles with AVX2, FMA, F16C */
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                     __builtin_cpu_supports("f16c");
+    if (isa == FA_CPU_ISA_AVX2) return avx2;
+    if (isa == FA_CPU_ISA_AVX512) return avx2 && __builtin_cpu_supports("avx512f");
+#endif
+    return 0;
+}
+
+static const fa_cpu_isa_ops *g_isa;
+static char g_isa_why[160];
+
+static void choose_isa(void) {
+    const char *want = getenv("FLASHATTN_CPU_ISA");
+    if (want && *want) {
+        for (int i = 0; i < FA_CPU_ISA_COUNT; i++) {
+            const fa_cpu_isa_ops *t = fa_cpu_isa_table((fa_cpu_isa)i);
+            static const char *const names[] = {"scalar", "avx2", "avx512"};
+            if (strcmp(want, names[i]) != 0) continue;
+            if (!t)
+                snprintf(g_isa_why, sizeof g_isa_why,
+                         "FLASHATTN_CPU_ISA=%s: this build has no %s kernels", want, want);
+            else if (!fa_cpu_isa_supported((fa_cpu_isa)i))
+                snprintf(g_isa_why, sizeof g_isa_why,
+                         "FLASHATTN_CPU_ISA=%s: this CPU lacks it (it has: %s)", want,
+                         fa_cpu_features());
+            else
+                g_isa = t;
+            return;
+        }
+        snprintf(g_isa_why, sizeof g_isa_why,
+                 "FLASHATTN_CPU_ISA=%.60s: unknown level (scalar, avx2 or avx512)", want);
+        return;
+    }
+    for (int i = FA_CPU_ISA_COUNT - 1; i >= 0 && !g_isa; i--)
+        if (fa_cpu_isa_table((fa_cpu_isa)i) && fa_cpu_isa_supported((fa_cpu_isa)i))
+            g_isa = fa_cpu_isa_table((fa_cpu_isa)i);
+}
+
+const fa_cpu_isa_ops *fa_cpu_isa_active(const char **why) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, choose_isa);
+    if (why) *why = g_isa ? NULL : g_isa_why;
+    return g_isa;
+}
+
+/* The level for a call, or the failure that FLASHATTN_CPU_ISA asked for an impossible one. */
+static fa_status isa_for(fa_context *ctx, const char *fn, const fa_cpu_isa_ops **isa) {
+    const char *why;
+    *isa = fa_cpu_isa_active(&why);
+    if (*isa) return FA_OK;
+    return fa_fail(ctx, FA_ERR_UNSUPPORTED, "%s: %s", fn, why);
+}
+
+static fa_status cpu_fwd_workspace(fa_context *ctx, const fa_problem *p, size_t *bytes) {
+    const fa_cpu_isa_ops *isa;
+    *bytes = 0;
+    if (ctx->algo != FA_ALGO_AUTO) return FA_OK;
+    fa_status st = isa_for(ctx, "fa_fwd", &isa);
+    if (st == FA_OK) *bytes = isa->fwd_ws(p, fa_cpu_threads(ctx));
+    return st;
+}
+
+static fa_status cpu_bwd_workspace(fa_context *ctx, const fa_problem *p, size_t *bytes) {
+    const fa_cpu_isa_ops *isa;
+    *bytes = 0;
+    if (ctx->algo != FA_ALGO_AUTO) return FA_OK;
+    fa_status st = isa_for(ctx, "fa_bwd", &isa);
+    if (st == FA_OK) *bytes = isa->bwd_ws(p, fa_cpu_threads(ctx));
+    return st;
+}
+
+/* cpu_<op>_<level>_<dtype>_<tile_q>x<tile_k>, e.g. cpu_fwd_avx512_f32_64x64 */
+static const char *tiled_name(char *buf, size_t len, const char *op, const fa_cpu_isa_ops *isa,
+                              fa_dtype dt, fa_cpu_tiles t) {
+    snprintf(buf, len, "cpu_%s_%s_%s_%dx%d", op, isa->name, fa_dtype_name(dt), t.tile_q,
+             t.tile_k);
+    return buf;
+}
+
+static fa_status cpu_fwd(fa_context *ctx, const fa_problem *p, void *ws, size_t ws_bytes) {
+    int threads = fa_cpu_threads(ctx);
+    char name[64];
+    if (ctx->algo != FA_ALGO_AUTO) {
+        int plain = ctx->algo == FA_ALGO_PLAIN;
+        size_t used = 0;
+        if (fa_cpu_fwd_naive(p, plain, threads, &used) != FA_OK)
+            return naive_failed(ctx, "fwd", p);
+        fa_cpu_tiles none = {0, 0};
+        record(ctx, "fwd", naive_name(name, sizeof name, "fwd", p, plain), none, threads, used);
+        return FA_OK;
+    }
+    (void)ws_bytes;
+    const fa_cpu_isa_ops *isa;
+    fa_status st = isa_for(ctx, "fa_fwd", &isa);
+    if (st != FA_OK) return st;
+    isa->fwd(p, ws, threads);
+    const fa_cpu_tiles t = isa->fwd_tiles(p);
+    record(ctx, "fwd", tiled_name(name, sizeof name, "fwd", isa, p->dtype, t), t, threads,
+           isa->fwd_ws(p, threads));
+    return FA_OK;
+}
+
+static fa_status cpu_bwd(fa_context *ctx, const fa_problem *p, void *ws, size_t ws_bytes) {
+    int threads = fa_cpu_threads(ctx);
+    char name[64];
+    if (ctx->algo != FA_ALGO_AUTO) {
+        int plain = ctx->algo == FA_ALGO_PLAIN;
+        size_t used = 0;
+        if (fa_cpu_bwd_naive(p, plain, threads, &used) != FA_OK)
+            return naive_failed(ctx, "bwd", p);
+        fa_cpu_tiles none = {0, 0};
+        record(ctx, "bwd", naive_name(name, sizeof name, "bwd", p, plain), none, threads, used);
+        return FA_OK;
+    }
+    (void)ws_bytes;
+    const fa_cpu_isa_ops *isa;
+    fa_status st = isa_for(ctx, "fa_bwd", &isa);
+    if (st != FA_OK) return st;
+    isa->bwd(p, ws, threads);
+    const fa_cpu_tiles t = isa->bwd_tiles(p);
+    record(ctx, "bwd", tiled_name(name, sizeof name, "bwd", isa, p->dtype, t), t, threads,
+           isa->bwd_ws(p, threads));
+    return FA_OK;
+}
+
+/* ---- KV cache and merge (cpu/kvcache.c, cpu/merge.c) ---- */
+
+static fa_status cpu_kv_plan(fa_context *ctx, const fa_problem *p, fa_cpu_kv_plan *plan,
+                             const fa_cpu_isa_ops **isa) {
+    if (ctx->algo != FA_ALGO_AUTO)
+        return fa_fail(ctx, FA_ERR_UNSUPPORTED,
+                       "fa_fwd_kvcache: the naive and plain reference algorithms serve fa_fwd "
+                       "only; to compare, gather the cache into contiguous K/V and call fa_fwd");
+    fa_status st = isa_for(ctx, "fa_fwd_kvcache", isa);
+    if (st != FA_OK) return st;
+    *plan = (*isa)->kv_plan(p, fa_cpu_threads(ctx));
+    if (plan->overflow)
+        return fa_fail(ctx, FA_ERR_OVERFLOW,
+                       "fa_fwd_kvcache: the partial outputs of %d splits do not fit the address "
+                       "space",
+                       plan->splits);
+    return FA_OK;
+}
+
+static fa_status cpu_fwd_kvcache_workspace(fa_context *ctx, const fa_problem *p, size_t *bytes) {
+    fa_cpu_kv_plan plan;
+    const fa_cpu_isa_ops *isa = NULL;
+    fa_status st = cpu_kv_plan(ctx, p, &plan, &isa);
+    if (st == FA_OK) *bytes = plan.ws_bytes;
+    return st;
+}
+
+static fa_status cpu_fwd_kvcache(fa_context *ctx, const fa_problem *p, void *ws, size_t ws_bytes) {
+    fa_cpu_kv_plan plan;
+    const fa_cpu_isa_ops *isa = NULL;
+    fa_status st = cpu_kv_plan(ctx, p, &plan, &isa);
+    if (st != FA_OK) return st;
+    if (ws_bytes < plan.ws_bytes)
+        return fa_fail(ctx, FA_ERR_INTERNAL, "fa_fwd_kvcache: workspace of %zu bytes, needs %zu",
+                       ws_bytes, plan.ws_bytes);
+    isa->kv(p, &plan, ws);
+    char name[64];
+    const fa_cpu_tiles t = isa->kv_tiles();
+    snprintf(name, sizeof name, "cpu_fwd_kvcache_%s%s_%s_%dx%d", p->block_table ? "paged_" : "",
+             isa->name, fa_dtype_name(p->dtype), t.tile_q, t.tile_k);
+    record(ctx, "fwd", name, t, plan.threads, plan.ws_bytes);
+    ctx->sel.num_splits = plan.splits;
+    return FA_OK;
+}
+
+static fa_status cpu_merge(fa_context *ctx, const fa_merge_problem *m) {
+    int threads = fa_cpu_threads(ctx);
+    fa_cpu_merge(m, threads);
+    char name[64];
+    snprintf(name, sizeof name, "cpu_merge_attn_%s", fa_dtype_name(m->dtype));
+    fa_cpu_tiles none = {0, 0};
+    record(ctx, "merge", name, none, threads, 0);
+    ctx->sel.num_splits = m->n;
+    return FA_OK;
+}
+
+static void *cpu_ws_alloc(size_t bytes) {
+    void *m = NULL;
+    return posix_memalign(&m, 64, bytes) == 0 ? m : NULL;
+}
+
+const fa_backend_ops fa_cpu_backend = {
+    "cpu", cpu_fwd_workspace, cpu_fwd, cpu_bwd_workspace, cpu_bwd, cpu_ws_alloc, free,
+    cpu_fwd_kvcache, cpu_fwd_kvcache_workspace, cpu_merge,
+};
+
+/* ---- what `flashattn info` lists ---- */
+
+/* The references and the merge have one name; the tiled kernels one per level the build has,
+   dtype and tile shape (every level uses the same tiles: 64 x 64). */
+static const char *const cpu_fixed_kernels[] = {
+    "cpu_fwd_naive_f64", "cpu_bwd_naive_f64",  "cpu_fwd_plain_f32",  "cpu_fwd_plain_f16",
+    "cpu_fwd_plain_bf16", "cpu_bwd_plain_f32", "cpu_bwd_plain_f16",  "cpu_bwd_plain_bf16",
+    "cpu_merge_attn_f32", "cpu_merge_attn_f16", "cpu_merge_attn_bf16",
+};
+#define N_FIXED ((int)(sizeof cpu_fixed_kernels / sizeof cpu_fixed_kernels[0]))
+static const char *const tiled_ops[] = {"fwd", "bwd", "fwd_kvcache", "fwd_kvcache_paged"};
+static const fa_dtype tiled_dtypes[] = {FA_DTYPE_F32, FA_DTYPE_F16, FA_DTYPE_BF16};
+#define N_TILED (FA_CPU_ISA_COUNT * 4 * 3)
+static char g_tiled_names[N_TILED][48];
+static int g_tiled_count;
+
+static void list_tiled(void) {
+    for (int i = 0; i < FA_CPU_ISA_COUNT; i++) {
+        const fa_cpu_isa_ops *isa = fa_cpu_isa_table((fa_cpu_isa)i);
+        if (!isa) continue;
+        for (int o = 0; o < 4; o++)
+            for (int d = 0; d < 3; d++)
+                snprintf(g_tiled_names[g_tiled_count++], sizeof g_tiled_names[0],
+                         "cpu_%s_%s_%s_%dx%d", tiled_ops[o], isa->name,
+                         fa_dtype_name(tiled_dtypes[d]), FA_CPU_TILE, FA_CPU_TILE);
+    }
+}
+
+static int tiled_count(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, list_tiled);
+    return g_tiled_count;
+}
+
+int fa_cpu_kernel_count(void) { return tiled_count() + N_FIXED; }
+
+const char *fa_cpu_kernel_name(int i) {
+    const int nt = tiled_count();
+    if (i < 0 || i >= nt + N_FIXED) return NULL;
+    return i < nt ? g_tiled_names[i] : cpu_fixed_kernels[i - nt];
+}
+
+static char g_features[160];
+
+static void append(const char *name) {
+    size_t n = strlen(g_features);
+    snprintf(g_features + n, sizeof g_features - n, "%s%s", n ? " " : "", name);
+}
+
+static void detect_features(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    /* __builtin_cpu_supports takes only literal names, hence the list */
+    if (__builtin_cpu_supports("avx512f")) append("avx512f");
+    if (__builtin_cpu_supports("avx512bw")) append("avx512bw");
+    if (__builtin_cpu_supports("avx512vl")) append("avx512vl");
+    if (__builtin_cpu_supports("avx512bf16")) append("avx512bf16");
+    if (__builtin_cpu_supports("avx2")) append("avx2");
+    if (__builtin_cpu_supports("fma")) append("fma");
+    if (__builtin_cpu_supports("f16c")) append("f16c");
+#endif
+    if (!g_features[0]) append("portable");
+}
+
+const char *fa_cpu_features(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, detect_features);
+    return g_features;
+}

@@ -1,0 +1,47 @@
+/*
+ * cpu/isa.h — runtime instruction-set dispatch of the CPU kernels.
+ *
+ * fwd_tiled.c, bwd_tiled.c, kvcache.c and isa_table.c are compiled once per level (CMake
+ * object libraries fa_cpu_<level>, with -DFA_ISA=<level> and that level's -m flags), so each
+ * kernel has one source and one copy per level; FA_ISA_FN gives every externally visible
+ * function of such a file its level's suffix. backend.c, compiled once for the baseline,
+ * picks a level's table at run time: the widest the CPU has, or the one FLASHATTN_CPU_ISA
+ * names (an error when the CPU lacks it, never a silent downgrade).
+ */
+#ifndef FA_CPU_ISA_H
+#define FA_CPU_ISA_H
+
+#include "kvcache.h"
+
+typedef enum fa_cpu_isa {
+    FA_CPU_ISA_SCALAR = 0, /* portable C (GNU vector extensions, no -m flags) */
+    FA_CPU_ISA_AVX2,       /* AVX2 + FMA + F16C */
+    FA_CPU_ISA_AVX512,     /* AVX-512F (+ AVX2, FMA, F16C, which every AVX-512F CPU has) */
+    FA_CPU_ISA_COUNT
+} fa_cpu_isa;
+
+/* One level's kernels. */
+typedef struct fa_cpu_isa_ops {
+    const char *name; /* "scalar", "avx2", "avx512": the FLASHATTN_CPU_ISA values */
+    fa_cpu_tiles (*fwd_tiles)(const fa_problem *p);
+    size_t (*fwd_ws)(const fa_problem *p, int threads);
+    void (*fwd)(const fa_problem *p, void *ws, int threads);
+    fa_cpu_tiles (*bwd_tiles)(const fa_problem *p);
+    size_t (*bwd_ws)(const fa_problem *p, int threads);
+    void (*bwd)(const fa_problem *p, void *ws, int threads);
+    fa_cpu_kv_plan (*kv_plan)(const fa_problem *p, int threads);
+    fa_cpu_tiles (*kv_tiles)(void);
+    void (*kv)(const fa_problem *p, const fa_cpu_kv_plan *plan, void *ws);
+    /* x[i] = exp(x[i]) with the kernels' vector exponential (tests/test_simd_exp.c) */
+    void (*exp)(float *x, size_t n);
+} fa_cpu_isa_ops;
+
+/* The table of a level; NULL when this build lacks it (non-x86 builds have scalar only). */
+const fa_cpu_isa_ops *fa_cpu_isa_table(fa_cpu_isa isa);
+/* Whether this CPU can run a level. */
+int fa_cpu_isa_supported(fa_cpu_isa isa);
+/* The level the backend uses, chosen once per process; NULL with *why set when
+   FLASHATTN_CPU_ISA names an unknown level or one this CPU or build lacks. */
+const fa_cpu_isa_ops *fa_cpu_isa_active(const char **why);
+
+#endif /* FA_CPU_ISA_H */

@@ -1,0 +1,416 @@
+/*
+ * cpu/kvcache.c — decoding against a KV cache on the CPU: the append of k_new/v_new, then
+ * attention over the cache with an online softmax, split along the keys when the batch and
+ * heads alone cannot keep the threads busy.
+ *
+ * A work item is one (sequence, kv head, tile of packed query rows, key chunk). The rows of a
+ * tile are the seqlen_q positions of every query head that reads this kv head (GQA packing),
+ * so each K/V row is loaded and widened to fp32 once for the whole group. Decoding has few
+ * rows per item: the score matmul runs key-major (K rows as they are in memory, the few
+ * query columns padded to 16 rather than to a 64-wide tile), and its small nk x nr result is
+ * turned query-major, where the softmax reduces along contiguous rows and P V needs the rows
+ * padded only to 4.
+ *
+ * Split-KV: with splits > 1 the key range of each item's rows is cut into BK-aligned chunks;
+ * each chunk writes its normalised fp32 partial output and LSE into the workspace, and
+ * fa_cpu_merge combines them with the log-sum-exp correction (the fa_merge_attn kernel).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "kvcache.h"
+#include "tile_math.h"
+
+#define BQ FA_TM_BQ
+#define BK FA_TM_BK
+/* The fewest keys worth a chunk of their own: below this the merge and the per-item setup
+   cost more than the parallelism gains. */
+#define MIN_CHUNK 256
+#define MAX_AUTO_SPLITS 64
+
+typedef struct kv_bufs {
+    float *qt;    /* d x BQ: packed query rows transposed */
+    float *kf;    /* BK x dp: K tile (rows past the tile's keys zero) */
+    float *vf;    /* BK x dp: V tile */
+    float *st;    /* BK x BQ: scores key-major, as the matmul leaves them */
+    float *s;     /* BQ x BK: scores query-major, then unnormalised probabilities */
+    float *o;     /* BQ x dp: output accumulator, scaled by exp(-m) */
+    float *m, *l; /* BQ: running max and sum of each row */
+} kv_bufs;
+
+/* Places the buffers at base (or only counts, base NULL); returns floats per thread. */
+static size_t kv_layout(int64_t d, float *base, kv_bufs *b) {
+    size_t off = 0, dp = (size_t)fa_tm_pad16((int)d);
+    b->qt = fa_tm_take(base, &off, (size_t)d * BQ);
+    b->kf = fa_tm_take(base, &off, BK * dp);
+    b->vf = fa_tm_take(base, &off, BK * dp);
+    b->st = fa_tm_take(base, &off, (size_t)BK * BQ);
+    b->s = fa_tm_take(base, &off, (size_t)BQ * BK);
+    b->o = fa_tm_take(base, &off, BQ * dp);
+    b->m = fa_tm_take(base, &off, BQ);
+    b->l = fa_tm_take(base, &off, BQ);
+    return off;
+}
+
+fa_cpu_tiles FA_ISA_FN(fa_cpu_kv_tiles)(void) {
+    fa_cpu_tiles t = {BQ, BK};
+    return t;
+}
+
+/* ---- the plan ---- */
+
+static int64_t row_tiles(const fa_problem *p) { return (p->seqlen_q * p->group + BQ - 1) / BQ; }
+
+/* Keys the rows of sequence b can see at most: rows' ranges only move right with i, so the
+   union lies within [lo(0), hi(sq - 1)). */
+static int64_t visible_keys(const fa_problem *p, int64_t b) {
+    int64_t sk = fa_kv_len(p, b), lo, hi, unused;
+    fa_row_keys(p, 0, p->seqlen_q, sk, &lo, &unused);
+    fa_row_keys(p, p->seqlen_q - 1, p->seqlen_q, sk, &unused, &hi);
+    return hi > lo ? hi - lo : 0;
+}
+
+/* Splits when the items without splitting leave threads idle: the fewest that reach 85% of
+   the best thread occupancy any count up to the cap reaches, each chunk >= MIN_CHUNK keys. */
+static int auto_splits(const fa_problem *p, int64_t units, int threads) {
+    if (units >= threads) return 1;
+    int64_t vis = 0;
+    for (int64_t b = 0; b < p->batch; b++) {
+        int64_t v = visible_keys(p, b);
+        if (v > vis) vis = v;
+    }
+    int64_t cap = vis / MIN_CHUNK;
+    if (cap > MAX_AUTO_SPLITS) cap = MAX_AUTO_SPLITS;
+    if (cap <= 1) return 1;
+    double eff[MAX_AUTO_SPLITS + 1], best = 0;
+    for (int64_t s = 1; s <= cap; s++) {
+        int64_t n = units * s, waves = (n + threads - 1) / threads;
+        eff[s] = (double)n / (double)(waves * threads);
+        if (eff[s] > best) best = eff[s];
+    }
+    for (int64_t s = 1; s <= cap; s++)
+        if (eff[s] >= 0.85 * best) return (int)s;
+    return 1;
+}
+
+/* Workspace after the threads' tiles: the merge's part descriptors, then every split's LSE
+   [batch, heads_q, seqlen_q] and output [batch, seqlen_q, heads_q, d], fp32. */
+typedef struct kv_partials {
+    fa_merge_part *parts;
+    float *lse, *o;
+    int64_t rows; /* batch * heads_q * seqlen_q: one split's LSE count */
+} kv_partials;
+
+static size_t partials_layout(const fa_problem *p, int splits, char *base, kv_partials *pt,
+                              int *overflow) {
+    int64_t rows = p->batch * p->heads_q * p->seqlen_q, floats, bytes;
+    size_t head = ((size_t)splits * sizeof(fa_merge_part) + 63) & ~(size_t)63;
+    pt->rows = rows;
+    if (__builtin_mul_overflow(rows, p->d + 1, &floats) ||
+        __builtin_mul_overflow(floats, (int64_t)splits * 4, &bytes) ||
+        (uint64_t)bytes > SIZE_MAX - head) {
+        *overflow = 1;
+        return 0;
+    }
+    if (base) {
+        pt->parts = (fa_merge_part *)base;
+        pt->lse = (float *)(base + head);
+        pt->o = pt->lse + (size_t)splits * rows;
+    }
+    return head + (size_t)bytes;
+}
+
+fa_cpu_kv_plan FA_ISA_FN(fa_cpu_kv_plan_of)(const fa_problem *p, int threads) {
+    fa_cpu_kv_plan pl;
+    memset(&pl, 0, sizeof pl);
+    pl.threads = threads < 1 ? 1 : threads;
+    int64_t units = p->batch * p->heads_kv * row_tiles(p);
+    pl.splits = p->num_splits > 0 ? p->num_splits : auto_splits(p, units, pl.threads);
+    if (__builtin_mul_overflow(units, (int64_t)pl.splits, &pl.items)) pl.overflow = 1;
+    kv_bufs unused;
+    pl.ws_bytes = FA_TM_WS_SLACK + (size_t)pl.threads * kv_layout(p->d, NULL, &unused) * 4;
+    if (pl.splits > 1) {
+        kv_partials pt;
+        size_t extra = partials_layout(p, pl.splits, NULL, &pt, &pl.overflow);
+        if (extra > SIZE_MAX - pl.ws_bytes) pl.overflow = 1;
+        pl.ws_bytes += extra;
+    }
+    if (pl.overflow) pl.ws_bytes = 0;
+    return pl;
+}
+
+/* ---- the append ---- */
+
+/* Row (b, t, head hk) of the cache operand a (k or v): through the block table when paged. */
+FA_TM_INLINE void *kv_row(const fa_problem *p, const fa_operand *a, size_t es, int64_t b,
+                          int64_t t, int64_t hk) {
+    if (!p->block_table) return fa_tm_row(a, es, b, t, hk);
+    const int64_t page = p->block_table[b * p->bt_stride + t / p->page_size];
+    return fa_tm_row(a, es, page, t % p->page_size, hk);
+}
+
+static void append(const fa_problem *p, int threads) {
+    if (!p->k_new.data) return;
+    const size_t es = fa_dtype_size(p->dtype), bytes = (size_t)p->d * es;
+    const int64_t n = p->batch * p->seqlen_new;
+#pragma omp parallel for num_threads(threads) if (n * p->heads_kv * p->d > 65536)
+    for (int64_t w = 0; w < n; w++) {
+        const int64_t b = w / p->seqlen_new, t = w % p->seqlen_new, pos = p->kv_seqlens[b] + t;
+        for (int64_t h = 0; h < p->heads_kv; h++) {
+            memcpy(kv_row(p, &p->k, es, b, pos, h), fa_tm_row(&p->k_new, es, b, t, h), bytes);
+            memcpy(kv_row(p, &p->v, es, b, pos, h), fa_tm_row(&p->v_new, es, b, t, h), bytes);
+        }
+    }
+}
+
+/* ---- attention ---- */
+
+/* The packed rows of one item: row r is query position i[r] of query head h[r]. */
+typedef struct kv_rows {
+    fa_tm_qrows q;  /* visible keys of each row within the item's chunk, and their union */
+    int64_t i[BQ], h[BQ], diag[BQ];
+    float slope[BQ];
+    int alibi;
+} kv_rows;
+
+/* Fills the rows of tile rt, then narrows them to chunk s of their union (BK-aligned). */
+static void rows_init(kv_rows *R, const fa_problem *p, int64_t b, int64_t hk, int64_t rt,
+                      int s, int splits) {
+    const int64_t sq = p->seqlen_q, sk = fa_kv_len(p, b), r0 = rt * BQ;
+    const int64_t nrows = sq * p->group;
+    const int nr = nrows - r0 < BQ ? (int)(nrows - r0) : BQ;
+    int64_t u0 = INT64_MAX, u1 = INT64_MIN;
+    R->q.n = nr;
+    R->alibi = p->alibi != NULL;
+    for (int r = 0; r < nr; r++) {
+        const int64_t pr = r0 + r;
+        R->i[r] = pr % sq;
+        R->h[r] = hk * p->group + pr / sq;
+        R->diag[r] = R->i[r] + sk - sq;
+        R->slope[r] = fa_alibi_slope(p, b, R->h[r]);
+        fa_row_keys(p, R->i[r], sq, sk, &R->q.lo[r], &R->q.hi[r]);
+        if (R->q.lo[r] >= R->q.hi[r]) continue;
+        if (R->q.lo[r] < u0) u0 = R->q.lo[r];
+        if (R->q.hi[r] > u1) u1 = R->q.hi[r];
+    }
+    int64_t c0 = u0, c1 = u1;
+    if (splits > 1 && u0 < u1) {
+        const int64_t per = ((u1 - u0 + splits - 1) / splits + BK - 1) / BK * BK;
+        c0 = u0 + s * per;
+        c1 = c0 + per < u1 ? c0 + per : u1;
+    }
+    R->q.ulo = INT64_MAX;
+    R->q.uhi = INT64_MIN;
+    for (int r = 0; r < nr; r++) {
+        if (R->q.lo[r] < c0) R->q.lo[r] = c0;
+        if (R->q.hi[r] > c1) R->q.hi[r] = c1;
+        if (R->q.lo[r] >= R->q.hi[r]) continue;
+        if (R->q.lo[r] < R->q.ulo) R->q.ulo = R->q.lo[r];
+        if (R->q.hi[r] > R->q.uhi) R->q.uhi = R->q.hi[r];
+    }
+}
+
+/* The rows' masks seen from key tile j0 (padding rows see nothing). */
+FA_TM_INLINE void rel_init(fa_tm_rel *rel, const kv_rows *R, int64_t j0) {
+    for (int r = 0; r < BQ; r++) {
+        const int real = r < R->q.n;
+        rel->lo[r] = real ? fa_tm_clampk(R->q.lo[r] - j0) : 0;
+        rel->hi[r] = real ? fa_tm_clampk(R->q.hi[r] - j0) : 0;
+        rel->diag[r] = real ? (float)(R->diag[r] - j0) : 0.0f;
+    }
+}
+
+/* ALiBi with a slope per row (the rows of a tile belong to several heads). Masked scores are
+   -inf already and stay so. */
+FA_TM_INLINE void alibi_rows(float *restrict sm, const kv_rows *R, const fa_tm_rel *rel, int nk) {
+    for (int r = 0; r < R->q.n; r++) {
+        float *restrict s = sm + (ptrdiff_t)r * BK;
+        const float sl = R->slope[r], dg = rel->diag[r];
+        FA_TM_SIMD
+        for (int j = 0; j < nk; j++) s[j] -= sl * fabsf(dg - (float)j);
+    }
+}
+
+/* Online softmax along each row of a query-major score tile: scores become probabilities
+   relative to the row's new max; l and the accumulator row are rescaled to it. A row that
+   has seen no visible key yet keeps max -inf and gets zero probabilities (never NaN). */
+FA_TM_INLINE void softmax_rows(const kv_bufs *B, int nr, int nk, int dp) {
+    for (int r = 0; r < nr; r++) {
+        float *restrict s = B->s + (ptrdiff_t)r * BK;
+        float mx = B->m[r];
+        for (int j = 0; j < nk; j++) mx = s[j] > mx ? s[j] : mx;
+        if (mx == -INFINITY) {
+            memset(s, 0, (size_t)nk * sizeof(float));
+            continue;
+        }
+        const float alpha = expf(B->m[r] - mx);
+        const float sum = fa_vexp_row(s, s, nk, 1.0f, mx);
+        B->l[r] = B->l[r] * alpha + sum;
+        B->m[r] = mx;
+        if (alpha != 1.0f) {
+            float *restrict o = B->o + (ptrdiff_t)r * dp;
+            FA_TM_SIMD
+            for (int x = 0; x < dp; x++) o[x] *= alpha;
+        }
+    }
+}
+
+FA_TM_INLINE void prefetch_row(const void *row, size_t bytes) {
+#if defined(__GNUC__)
+    const char *c = (const char *)row;
+    for (size_t x = 0; x < bytes; x += 64) __builtin_prefetch(c + x, 0, 3);
+    __builtin_prefetch(c + bytes - 1, 0, 3);
+#else
+    (void)row, (void)bytes;
+#endif
+}
+
+/* K and V rows [j0, j0 + nk) of the item's sequence and kv head, fetching the rows of the
+   next tile meanwhile (rows of one head sit heads_kv * d apart, a stride the hardware
+   prefetchers do not follow, and pages are scattered). */
+FA_TM_INLINE void load_kv(const kv_bufs *B, const fa_problem *p, int64_t b, int64_t hk,
+                          int64_t j0, int nk, int64_t next_end) {
+    const fa_dtype dt = p->dtype;
+    const size_t es = fa_dtype_size(dt);
+    const int d = (int)p->d, dp = fa_tm_pad16(d), nk4 = fa_tm_pad4(nk);
+    for (int j = 0; j < nk; j++) {
+        const int64_t t = j0 + j, tn = t + BK;
+        fa_tm_load_row(B->kf + (ptrdiff_t)j * dp, kv_row(p, &p->k, es, b, t, hk), dt, d, dp,
+                       1.0f);
+        fa_tm_load_row(B->vf + (ptrdiff_t)j * dp, kv_row(p, &p->v, es, b, t, hk), dt, d, dp,
+                       1.0f);
+        if (tn < next_end) {
+            prefetch_row(kv_row(p, &p->k, es, b, tn, hk), (size_t)d * es);
+            prefetch_row(kv_row(p, &p->v, es, b, tn, hk), (size_t)d * es);
+        }
+    }
+    memset(B->kf + (ptrdiff_t)nk * dp, 0, (size_t)(nk4 - nk) * dp * sizeof(float));
+}
+
+/* S = scale Q K^T for the tile: key-major st[j][r] = K_j . Q_r over W = pad16(nr) columns,
+   then query-major s[r][j] for the softmax and P V. The scale is applied here, to the finished
+   dot product, not folded into Q, where its rounding would perturb every score. */
+FA_TM_INLINE void scores(const kv_bufs *B, int nr, int nk, int d, int dp, float scale) {
+    const int nk4 = fa_tm_pad4(nk), w = fa_tm_pad16(nr);
+    fa_tm_gemm_set(nk4, w, d, B->kf, dp, 1, B->qt, BQ, B->st, BQ);
+    for (int r = 0; r < nr; r++) {
+        float *restrict s = B->s + (ptrdiff_t)r * BK;
+        for (int j = 0; j < nk; j++) s[j] = scale * B->st[(ptrdiff_t)j * BQ + r];
+    }
+}
+
+/* Where an item's rows go: the output (one split) or the split's fp32 partials. */
+static void store_rows(const fa_problem *p, const kv_bufs *B, const kv_rows *R, int64_t b,
+                       int s, int splits, const kv_partials *pt) {
+    const fa_dtype dt = p->dtype;
+    const size_t es = fa_dtype_size(dt);
+    const int d = (int)p->d, dp = fa_tm_pad16(d);
+    const int64_t sq = p->seqlen_q, hq = p->heads_q;
+    float *lse = (float *)p->lse;
+    for (int r = 0; r < R->q.n; r++) {
+        const int64_t i = R->i[r], h = R->h[r];
+        const int empty = R->q.lo[r] >= R->q.hi[r];
+        float *restrict o = B->o + (ptrdiff_t)r * dp;
+        float row_lse = -INFINITY;
+        if (!empty) {
+            const float li = B->l[r];
+            FA_TM_SIMD
+            for (int x = 0; x < d; x++) o[x] /= li;
+            row_lse = B->m[r] + logf(li);
+        }
+        if (splits > 1) { /* an empty chunk's output is never read: only its LSE */
+            const int64_t row = (b * sq + i) * hq + h;
+            pt->lse[s * pt->rows + (b * hq + h) * sq + i] = row_lse;
+            if (!empty) memcpy(pt->o + ((size_t)s * pt->rows + row) * d, o, (size_t)d * 4);
+            continue;
+        }
+        void *orow = fa_tm_row(&p->o, es, b, i, h);
+        if (empty)
+            fa_tm_store_zero(orow, dt, d);
+        else
+            fa_tm_store_row(orow, dt, o, d, 1.0f);
+        if (lse) lse[b * p->lse_sb + h * p->lse_sh + i * p->lse_st] = row_lse;
+    }
+}
+
+FA_TM_HOT
+static void kv_item(const fa_problem *p, int64_t w, int splits, float *ws, const kv_partials *pt) {
+    const int64_t nrt = row_tiles(p);
+    const int s = (int)(w % splits);
+    const int64_t rt = w / splits % nrt, bh = w / splits / nrt;
+    const int64_t b = bh / p->heads_kv, hk = bh % p->heads_kv;
+    const fa_dtype dt = p->dtype;
+    const size_t es = fa_dtype_size(dt);
+    const int d = (int)p->d, dp = fa_tm_pad16(d);
+    kv_bufs B;
+    kv_layout(d, ws, &B);
+    kv_rows R;
+    rows_init(&R, p, b, hk, rt, s, splits);
+    const int nr = R.q.n, nr4 = fa_tm_pad4(nr), nq16 = fa_tm_pad16(nr);
+
+    for (int r = 0; r < nr; r++)
+        fa_tm_load_col(B.qt + r, BQ, fa_tm_row(&p->q, es, b, R.i[r], R.h[r]), dt, d, 1.0f);
+    for (int x = 0; x < d; x++)
+        for (int r = nr; r < nq16; r++) B.qt[(ptrdiff_t)x * BQ + r] = 0.0f;
+    /* padding rows of the probabilities stay 0 for the P V matmul */
+    memset(B.s + (ptrdiff_t)nr * BK, 0, (size_t)(nr4 - nr) * BK * sizeof(float));
+    memset(B.o, 0, (size_t)nr4 * dp * sizeof(float));
+    for (int r = 0; r < nr; r++) {
+        B.m[r] = -INFINITY;
+        B.l[r] = 0.0f;
+    }
+
+    fa_tm_rel rel;
+    for (int64_t j0 = R.q.ulo; j0 < R.q.uhi; j0 += BK) {
+        const int nk = R.q.uhi - j0 < BK ? (int)(R.q.uhi - j0) : BK;
+        const int kind = fa_tm_classify(&R.q, j0, j0 + nk);
+        if (kind == FA_TM_NONE) continue;
+        load_kv(&B, p, b, hk, j0, nk, R.q.uhi);
+        scores(&B, nr, nk, d, dp, p->scale);
+        rel_init(&rel, &R, j0);
+        fa_tm_scores_qmajor(B.s, NULL, nr, nk, &rel, 1.0f, p->softcap, 0.0f, kind == FA_TM_PARTIAL);
+        if (R.alibi) alibi_rows(B.s, &R, &rel, nk);
+        softmax_rows(&B, nr, nk, dp);
+        /* O[r][x] += sum_j P[r][j] V[j][x] */
+        fa_tm_gemm(nr4, dp, nk, B.s, BK, 1, B.vf, dp, B.o, dp);
+    }
+    store_rows(p, &B, &R, b, s, splits, pt);
+}
+
+/* The merge of the splits' partials into out / lse, as fa_merge_attn would do it. */
+static void merge_splits(const fa_problem *p, int splits, const kv_partials *pt, int threads) {
+    const int64_t sq = p->seqlen_q, hq = p->heads_q, d = p->d;
+    for (int s = 0; s < splits; s++) {
+        fa_merge_part *m = &pt->parts[s];
+        m->o.data = pt->o + (size_t)s * pt->rows * d;
+        m->o.sb = sq * hq * d;
+        m->o.st = hq * d;
+        m->o.sh = d;
+        m->lse = pt->lse + (size_t)s * pt->rows;
+        m->lse_sb = hq * sq;
+        m->lse_sh = sq;
+        m->lse_st = 1;
+    }
+    fa_merge_problem m = {splits, pt->parts, FA_DTYPE_F32, p->dtype, p->batch, sq, hq, d,
+                          p->o, (float *)p->lse, p->lse_sb, p->lse_sh, p->lse_st};
+    fa_cpu_merge(&m, threads);
+}
+
+void FA_ISA_FN(fa_cpu_fwd_kvcache)(const fa_problem *p, const fa_cpu_kv_plan *plan, void *ws) {
+    const int threads = plan->threads, splits = plan->splits;
+    append(p, threads);
+    kv_bufs unused;
+    const size_t per_thread = kv_layout(p->d, NULL, &unused);
+    float *tiles = fa_tm_align(ws);
+    kv_partials pt;
+    memset(&pt, 0, sizeof pt);
+    if (splits > 1) {
+        int overflow = 0;
+        partials_layout(p, splits, (char *)(tiles + per_thread * (size_t)threads), &pt, &overflow);
+    }
+    const int64_t items = plan->items;
+#pragma omp parallel for num_threads(threads) schedule(dynamic)
+    for (int64_t w = 0; w < items; w++)
+        kv_item(p, w, splits, tiles + per_thread * (size_t)fa_tm_tid(), &pt);
+    if (splits > 1) merge_splits(p, splits, &pt, threads);
+}

@@ -1,0 +1,465 @@
+/*
+ * cpu/tile_math.h — shared by the CPU kernels (fwd_tiled.c, bwd_tiled.c, kvcache.c, merge.c):
+ * tile shape, workspace carving, dtype <-> fp32 rows, the register-blocked matmul every tile
+ * product is made of, and the per-element score transform (softcap, ALiBi, mask).
+ *
+ * Everything is static and always inlined, so each FA_TM_HOT work-item function (one per
+ * instruction-set clone) gets its own copy of these loops compiled for its target.
+ */
+#ifndef FA_CPU_TILE_MATH_H
+#define FA_CPU_TILE_MATH_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "kernels.h"
+#include "simd.h"
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#define FA_TM_BQ FA_CPU_TILE
+#define FA_TM_BK FA_CPU_TILE
+
+#if defined(__GNUC__)
+#define FA_TM_INLINE static inline __attribute__((always_inline))
+#else
+#define FA_TM_INLINE static inline
+#endif
+
+/*
+ * FA_TM_HOT marks a kernel's work-item function. Each of these files is compiled once per
+ * instruction-set level (isa.h), so the marker only has to keep the hot loops out of the
+ * callers' frames; the level's -m flags and -ffp-contract=fast (contracting a*b+c into one
+ * FMA, as any BLAS does: the build is ISO C11, where GCC would otherwise keep a multiply and
+ * an add) come from CMake.
+ */
+#if defined(__GNUC__)
+#define FA_TM_HOT __attribute__((noinline))
+#else
+#define FA_TM_HOT
+#endif
+
+/* Promise of independent iterations; only on loops without calls (no vector libm here). */
+#ifdef _OPENMP
+#define FA_TM_SIMD _Pragma("omp simd")
+#else
+#define FA_TM_SIMD
+#endif
+
+FA_TM_INLINE int fa_tm_tid(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+FA_TM_INLINE int fa_tm_pad4(int n) { return (n + 3) & ~3; }
+FA_TM_INLINE int fa_tm_pad16(int n) { return (n + 15) & ~15; }
+
+/* Workspace carving: buffers of n floats, each starting on a 64-byte boundary. With base NULL
+   only the offset advances, so one layout function both sizes and places the buffers. */
+FA_TM_INLINE float *fa_tm_take(float *base, size_t *off, size_t n) {
+    float *r = base ? base + *off : NULL;
+    *off += (n + 15) & ~(size_t)15;
+    return r;
+}
+
+/* The caller's workspace need not be aligned: round up, and count the slack in the size. */
+#define FA_TM_WS_SLACK 64
+FA_TM_INLINE float *fa_tm_align(void *ws) {
+    return (float *)(((uintptr_t)ws + (FA_TM_WS_SLACK - 1)) & ~(uintptr_t)(FA_TM_WS_SLACK - 1));
+}
+
+/* ---- dtype rows ---- */
+
+/* Row (b, t, h) of an operand whose elements are es bytes: fa_at without the size lookup. */
+FA_TM_INLINE void *fa_tm_row(const fa_operand *a, size_t es, int64_t b, int64_t t, int64_t h) {
+    return (char *)a->data + (size_t)(b * a->sb + t * a->st + h * a->sh) * es;
+}
+
+/* Rows of the next tile of two operands (K and V, or Q and dO), asked for one row at a time
+   from inside a loop of the current tile: rows of one head sit heads*d elements apart, a
+   stride the hardware prefetchers do not follow across a tile, and a burst of a whole tile of
+   prefetches would stall on the core's miss buffers. */
+typedef struct fa_tm_ahead {
+    const char *a, *b; /* row 0 of the next tile in each operand */
+    ptrdiff_t sa, sb;  /* bytes between rows */
+    int64_t n;         /* rows to fetch (<= 0: none) */
+    size_t bytes;      /* bytes per row */
+} fa_tm_ahead;
+
+FA_TM_INLINE void fa_tm_ahead_init(fa_tm_ahead *f, const fa_operand *a, const fa_operand *b,
+                                   size_t es, int64_t bi, int64_t t0, int64_t n, int64_t h,
+                                   int64_t d) {
+    f->n = n;
+    f->sa = (ptrdiff_t)(a->st * (int64_t)es);
+    f->sb = (ptrdiff_t)(b->st * (int64_t)es);
+    f->bytes = (size_t)d * es;
+    f->a = f->b = NULL;
+    if (n <= 0) return;
+    f->a = (const char *)fa_tm_row(a, es, bi, t0, h);
+    f->b = (const char *)fa_tm_row(b, es, bi, t0, h);
+}
+
+FA_TM_INLINE void fa_tm_ahead_row(const fa_tm_ahead *f, int64_t r) {
+#if defined(__GNUC__)
+    if (r >= f->n) return;
+    const char *ra = f->a + r * f->sa, *rb = f->b + r * f->sb;
+    for (size_t x = 0; x < f->bytes; x += 64) {
+        __builtin_prefetch(ra + x, 0, 1);
+        __builtin_prefetch(rb + x, 0, 1);
+    }
+    __builtin_prefetch(ra + f->bytes - 1, 0, 1);
+    __builtin_prefetch(rb + f->bytes - 1, 0, 1);
+#else
+    (void)f, (void)r;
+#endif
+}
+
+/* IEEE half to float without branches or FP tricks that DAZ would break, so the loop that
+   calls it vectorises: rebias the exponent in the integer domain, and build subnormals exactly
+   from their integer mantissa. */
+FA_TM_INLINE float fa_tm_h2f(uint16_t h) {
+    uint32_t mag = h & 0x7fffu;
+    uint32_t exp = mag >> 10;
+    uint32_t bits = (mag << 13) + (112u << 23);
+    if (exp == 31) bits += 112u << 23; /* inf / nan: exponent field all ones */
+    float f;
+    memcpy(&f, &bits, 4);
+    if (exp == 0) f = (float)mag * 0x1p-24f;
+    memcpy(&bits, &f, 4);
+    bits |= (uint32_t)(h & 0x8000u) << 16;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+FA_TM_INLINE float fa_tm_bf2f(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* dst[x] = mul * src[x] for x < n, then zeros up to npad (padding feeds matmuls: keep it 0). */
+FA_TM_INLINE void fa_tm_load_row(float *restrict dst, const void *restrict src, fa_dtype dt, int n,
+                                 int npad, float mul) {
+    switch (dt) {
+    case FA_DTYPE_F16: {
+        const uint16_t *restrict s = (const uint16_t *)src;
+        int x = 0;
+#if defined(__F16C__)
+        const __m256 m8 = _mm256_set1_ps(mul);
+        for (; x + 8 <= n; x += 8)
+            _mm256_storeu_ps(dst + x, _mm256_mul_ps(m8, _mm256_cvtph_ps(_mm_loadu_si128(
+                                                            (const __m128i *)(s + x)))));
+#endif
+        for (; x < n; x++) dst[x] = mul * fa_tm_h2f(s[x]);
+        break;
+    }
+    case FA_DTYPE_BF16: {
+        const uint16_t *restrict s = (const uint16_t *)src;
+        FA_TM_SIMD
+        for (int x = 0; x < n; x++) dst[x] = mul * fa_tm_bf2f(s[x]);
+        break;
+    }
+    case FA_DTYPE_F64: { /* never dispatched to tiled kernels; kept total */
+        const double *restrict s = (const double *)src;
+        for (int x = 0; x < n; x++) dst[x] = mul * (float)s[x];
+        break;
+    }
+    default: {
+        const float *restrict s = (const float *)src;
+        for (int x = 0; x < n; x++) dst[x] = mul * s[x];
+        break;
+    }
+    }
+    for (int x = n; x < npad; x++) dst[x] = 0.0f;
+}
+
+/* The same row written down a column: dst[x * ld] (transposed tiles, once per work item). */
+FA_TM_INLINE void fa_tm_load_col(float *restrict dst, ptrdiff_t ld, const void *restrict src,
+                                 fa_dtype dt, int n, float mul) {
+    for (int x = 0; x < n; x++) {
+        float v;
+        switch (dt) {
+        case FA_DTYPE_F16: v = fa_tm_h2f(((const uint16_t *)src)[x]); break;
+        case FA_DTYPE_BF16: v = fa_tm_bf2f(((const uint16_t *)src)[x]); break;
+        case FA_DTYPE_F64: v = (float)((const double *)src)[x]; break;
+        default: v = ((const float *)src)[x]; break;
+        }
+        dst[x * ld] = mul * v;
+    }
+}
+
+/* dst[x] = mul * src[x] in dtype dt (round to nearest even). */
+FA_TM_INLINE void fa_tm_store_row(void *restrict dst, fa_dtype dt, const float *restrict src, int n,
+                                  float mul) {
+    switch (dt) {
+    case FA_DTYPE_F16:
+        for (int x = 0; x < n; x++) ((uint16_t *)dst)[x] = fa_f32_to_f16(mul * src[x]);
+        break;
+    case FA_DTYPE_BF16:
+        for (int x = 0; x < n; x++) ((uint16_t *)dst)[x] = fa_f32_to_bf16(mul * src[x]);
+        break;
+    case FA_DTYPE_F64:
+        for (int x = 0; x < n; x++) ((double *)dst)[x] = mul * src[x];
+        break;
+    default:
+        for (int x = 0; x < n; x++) ((float *)dst)[x] = mul * src[x];
+        break;
+    }
+}
+
+/* All-zero bits are +0 in every dtype. */
+FA_TM_INLINE void fa_tm_store_zero(void *dst, fa_dtype dt, int n) {
+    memset(dst, 0, (size_t)n * fa_dtype_size(dt));
+}
+
+/* ---- matmul ---- */
+
+/*
+ * Register blocking of the micro-kernel: FA_MR rows by FA_NV vectors of C stay in registers
+ * for the whole k loop, so per k step the kernel loads FA_NV vectors of B and broadcasts
+ * FA_MR values of A for FA_MR * FA_NV FMAs. AVX-512: 4 x 4 zmm = 16 accumulators (32
+ * registers; 2 FMA pipes of latency 4 need 8 chains in flight); AVX2 and the scalar level:
+ * 4 x 2 of their 16 registers.
+ */
+#define FA_MR 4
+#if FA_VW == 16
+#define FA_NV 4
+#else
+#define FA_NV 2
+#endif
+#define FA_NB (FA_NV * FA_VW) /* columns of C per block */
+
+/* C[r][0:nv*VW] (+)= sum_k A(r, k) B[k][0:nv*VW] for r < FA_MR, with A(r, k) = a[r*ars + k*aks]
+   (any layout: A values are broadcast) and B rows contiguous; add 0 overwrites C (no zeroing
+   pass over it first). nv and add are constants at each call site, so the accumulators become
+   registers. */
+FA_TM_INLINE void fa_tm_mk(int nv, int add, int kdim, const float *restrict a, ptrdiff_t ars,
+                           ptrdiff_t aks, const float *restrict b, ptrdiff_t ldb,
+                           float *restrict c, ptrdiff_t ldc, float *restrict cmax) {
+    fa_vf acc[FA_MR][FA_NV];
+#pragma GCC unroll 4
+    for (int r = 0; r < FA_MR; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++)
+            acc[r][v] = add ? fa_vload(c + r * ldc + v * FA_VW) : (fa_vf){0};
+    for (int k = 0; k < kdim; k++) {
+        const float *restrict bk = b + k * ldb;
+        const float *restrict ak = a + k * aks;
+        fa_vf bv[FA_NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++) bv[v] = fa_vload(bk + v * FA_VW);
+#pragma GCC unroll 4
+        for (int r = 0; r < FA_MR; r++) {
+            const fa_vf x = fa_vset1(ak[r * ars]);
+#pragma GCC unroll 4
+            for (int v = 0; v < nv; v++) acc[r][v] += x * bv[v];
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < FA_MR; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++) fa_vstore(c + r * ldc + v * FA_VW, acc[r][v]);
+    if (cmax) {
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++) {
+            fa_vf mx = fa_vload(cmax + v * FA_VW);
+#pragma GCC unroll 4
+            for (int r = 0; r < FA_MR; r++) mx = fa_vmax(mx, acc[r][v]);
+            fa_vstore(cmax + v * FA_VW, mx);
+        }
+    }
+}
+
+/* C[m][n] (+)= A B over kdim, C row-major with stride ldc. m must be a multiple of 4 and n of
+   16 (callers pad their tiles with zeros); A's padding rows are read, B's never past kdim. */
+FA_TM_INLINE void fa_tm_gemm_x(int add, int m, int n, int kdim, const float *a, ptrdiff_t ars,
+                               ptrdiff_t aks, const float *b, ptrdiff_t ldb, float *c,
+                               ptrdiff_t ldc, float *cmax) {
+    for (int x = 0; x < n; x += FA_NB) {
+        const int nv = (n - x >= FA_NB ? FA_NB : n - x) / FA_VW;
+        float *cx = cmax ? cmax + x : NULL;
+        for (int r = 0; r < m; r += FA_MR) {
+            const float *ar = a + r * ars;
+            float *cr = c + r * ldc + x;
+            switch (nv) {
+#if FA_NV == 4
+            case 4: fa_tm_mk(4, add, kdim, ar, ars, aks, b + x, ldb, cr, ldc, cx); break;
+            case 3: fa_tm_mk(3, add, kdim, ar, ars, aks, b + x, ldb, cr, ldc, cx); break;
+#endif
+            case 2: fa_tm_mk(2, add, kdim, ar, ars, aks, b + x, ldb, cr, ldc, cx); break;
+            default: fa_tm_mk(1, add, kdim, ar, ars, aks, b + x, ldb, cr, ldc, cx); break;
+            }
+        }
+    }
+}
+
+/* C += A B */
+FA_TM_INLINE void fa_tm_gemm(int m, int n, int kdim, const float *a, ptrdiff_t ars, ptrdiff_t aks,
+                             const float *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc) {
+    fa_tm_gemm_x(1, m, n, kdim, a, ars, aks, b, ldb, c, ldc, NULL);
+}
+
+/* C = A B */
+FA_TM_INLINE void fa_tm_gemm_set(int m, int n, int kdim, const float *a, ptrdiff_t ars,
+                                 ptrdiff_t aks, const float *b, ptrdiff_t ldb, float *c,
+                                 ptrdiff_t ldc) {
+    fa_tm_gemm_x(0, m, n, kdim, a, ars, aks, b, ldb, c, ldc, NULL);
+}
+
+/* C = A B, and cmax[x] = max(cmax[x], max over the m rows of C[.][x]) for x < n: the
+   column maxima of the product come from the registers, without a pass over C. */
+FA_TM_INLINE void fa_tm_gemm_set_max(int m, int n, int kdim, const float *a, ptrdiff_t ars,
+                                     ptrdiff_t aks, const float *b, ptrdiff_t ldb, float *c,
+                                     ptrdiff_t ldc, float *cmax) {
+    fa_tm_gemm_x(0, m, n, kdim, a, ars, aks, b, ldb, c, ldc, cmax);
+}
+
+/* ---- masks ---- */
+
+/* The query rows of one tile and the keys each sees (absolute positions in the sequence). */
+typedef struct fa_tm_qrows {
+    int n;                              /* rows in the tile */
+    int64_t lo[FA_TM_BQ], hi[FA_TM_BQ]; /* row i sees keys [lo, hi); empty when lo >= hi */
+    int64_t ulo, uhi;                   /* union over the non-empty rows; ulo >= uhi: none */
+    int64_t diag0;                      /* diagonal column c(i0) of the first row */
+} fa_tm_qrows;
+
+FA_TM_INLINE void fa_tm_qrows_init(fa_tm_qrows *r, const fa_problem *p, int64_t i0, int n,
+                                   int64_t sq, int64_t sk) {
+    r->n = n;
+    r->ulo = INT64_MAX;
+    r->uhi = INT64_MIN;
+    r->diag0 = i0 + sk - sq;
+    for (int i = 0; i < n; i++) {
+        fa_row_keys(p, i0 + i, sq, sk, &r->lo[i], &r->hi[i]);
+        if (r->lo[i] >= r->hi[i]) continue;
+        if (r->lo[i] < r->ulo) r->ulo = r->lo[i];
+        if (r->hi[i] > r->uhi) r->uhi = r->hi[i];
+    }
+}
+
+enum { FA_TM_NONE = 0, FA_TM_FULL = 1, FA_TM_PARTIAL = 2 };
+
+/* How key tile [j0, j1) meets the query tile: nothing visible (skip it), every element
+   visible (no per-element mask), or in part. */
+FA_TM_INLINE int fa_tm_classify(const fa_tm_qrows *r, int64_t j0, int64_t j1) {
+    int any = 0, all = 1;
+    for (int i = 0; i < r->n; i++) {
+        int64_t lo = r->lo[i] > j0 ? r->lo[i] : j0;
+        int64_t hi = r->hi[i] < j1 ? r->hi[i] : j1;
+        if (lo < hi) any = 1;
+        if (r->lo[i] > j0 || r->hi[i] < j1) all = 0;
+    }
+    return !any ? FA_TM_NONE : all ? FA_TM_FULL : FA_TM_PARTIAL;
+}
+
+/* The masks of a query tile seen from key tile j0: visible local keys [lo, hi) in 0..BK, and
+   the ALiBi distance origin c(i) - j0 (as a float, so distances are exact below 2^24).
+   Padding rows past r->n see nothing. */
+typedef struct fa_tm_rel {
+    int lo[FA_TM_BQ], hi[FA_TM_BQ];
+    float diag[FA_TM_BQ];
+} fa_tm_rel;
+
+FA_TM_INLINE int fa_tm_clampk(int64_t v) { return v < 0 ? 0 : v > FA_TM_BK ? FA_TM_BK : (int)v; }
+
+FA_TM_INLINE void fa_tm_rel_init(fa_tm_rel *rel, const fa_tm_qrows *r, int64_t j0) {
+    for (int i = 0; i < FA_TM_BQ; i++) {
+        int real = i < r->n;
+        rel->lo[i] = real ? fa_tm_clampk(r->lo[i] - j0) : 0;
+        rel->hi[i] = real ? fa_tm_clampk(r->hi[i] - j0) : 0;
+        rel->diag[i] = (float)(r->diag0 + i - j0);
+    }
+}
+
+/*
+ * Where the scale goes. Every kernel computes raw dot products q.k (the operands never carry
+ * the scale: rounding scale * q would perturb each score by a rounding of its own, and the
+ * forward and the backward must see the same scores). A tile that needs no transform gets the
+ * scale inside its exponentials, exp(fma(s, scale, -m)), at no cost; a tile with a mask edge,
+ * softcap or ALiBi is scaled by the transform below, and its exponentials take mul = 1.
+ */
+FA_TM_INLINE int fa_tm_needs_transform(int kind, float softcap, float slope) {
+    return kind == FA_TM_PARTIAL || softcap > 0 || slope != 0.0f;
+}
+
+/*
+ * Dot products -> final scores, on a key-major tile st[j][i] (row per key j < nk, column per
+ * query i < nc, row stride FA_TM_BQ): times mul (the softmax scale, where the operands do not
+ * carry it already; 1 where they do), softcap (and, when g is not NULL, its derivative
+ * 1 - tanh^2 into g), then ALiBi, then -inf where masked (only if masked).
+ */
+FA_TM_INLINE void fa_tm_scores_kmajor(float *restrict st, float *restrict g, int nk, int nc,
+                                      const fa_tm_rel *rel, float mul, float softcap,
+                                      float slope, int masked) {
+    for (int j = 0; j < nk; j++) {
+        float *restrict s = st + (ptrdiff_t)j * FA_TM_BQ;
+        if (mul != 1.0f) {
+            FA_TM_SIMD
+            for (int i = 0; i < nc; i++) s[i] *= mul;
+        }
+        if (softcap > 0) {
+            float *restrict gj = g ? g + (ptrdiff_t)j * FA_TM_BQ : NULL;
+            for (int i = 0; i < nc; i++) {
+                float t = tanhf(s[i] / softcap);
+                s[i] = softcap * t;
+                if (gj) gj[i] = 1.0f - t * t;
+            }
+        }
+        if (slope != 0.0f) {
+            float fj = (float)j;
+            FA_TM_SIMD
+            for (int i = 0; i < nc; i++) s[i] -= slope * fabsf(rel->diag[i] - fj);
+        }
+        if (masked) {
+            FA_TM_SIMD
+            for (int i = 0; i < nc; i++)
+                if (j < rel->lo[i] || j >= rel->hi[i]) s[i] = -INFINITY;
+        }
+    }
+}
+
+/* The same on a query-major tile s[i][j] (row per query i < nq, column per key j < nk, row
+   stride FA_TM_BK). */
+FA_TM_INLINE void fa_tm_scores_qmajor(float *restrict sm, float *restrict g, int nq, int nk,
+                                      const fa_tm_rel *rel, float mul, float softcap,
+                                      float slope, int masked) {
+    for (int i = 0; i < nq; i++) {
+        float *restrict s = sm + (ptrdiff_t)i * FA_TM_BK;
+        if (mul != 1.0f) {
+            FA_TM_SIMD
+            for (int j = 0; j < nk; j++) s[j] *= mul;
+        }
+        if (softcap > 0) {
+            float *restrict gi = g ? g + (ptrdiff_t)i * FA_TM_BK : NULL;
+            for (int j = 0; j < nk; j++) {
+                float t = tanhf(s[j] / softcap);
+                s[j] = softcap * t;
+                if (gi) gi[j] = 1.0f - t * t;
+            }
+        }
+        if (slope != 0.0f) {
+            float di = rel->diag[i];
+            FA_TM_SIMD
+            for (int j = 0; j < nk; j++) s[j] -= slope * fabsf(di - (float)j);
+        }
+        if (masked) {
+            int lo = rel->lo[i], hi = rel->hi[i];
+            FA_TM_SIMD
+            for (int j = 0; j < nk; j++)
+                if (j < lo || j >= hi) s[j] = -INFINITY;
+        }
+    }
+}
+
+#endif /* FA_CPU_TILE_MATH_H */

@@ -1,0 +1,383 @@
+/*
+ * cuda/backend.c — the CUDA backend's table (host side, plain C over the CUDA runtime API):
+ * which GPUs it serves, the checks the kernels rely on beyond the dispatcher's (dtype, head
+ * dim, 16-byte alignment, device memory, sizes that fit the kernels' 32-bit row indices), the
+ * varlen check, the workspace, the launch and its record.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels.h"
+#include "merge_sm80.h"
+
+/* Bytes at the start of every CUDA workspace for the varlen check's results. */
+#define WS_HEAD 256
+
+/* ---- devices ---- */
+
+typedef struct dev_info {
+    int known;
+    int cc, sms;
+    size_t smem_optin;
+    char name[96];
+} dev_info;
+
+#define MAX_DEVICES 64
+static dev_info g_dev[MAX_DEVICES];
+static char g_unavailable[256];
+
+/* Facts of the current device (cached per device: attribute queries are not free). */
+static const dev_info *current_device(char *msg, size_t len) {
+    int d = 0;
+    cudaError_t e = cudaGetDevice(&d);
+    if (e != cudaSuccess) {
+        snprintf(msg, len, "no CUDA device: %s", cudaGetErrorString(e));
+        return NULL;
+    }
+    if (d < 0 || d >= MAX_DEVICES) {
+        snprintf(msg, len, "CUDA device %d is past the %d this build tracks", d, MAX_DEVICES);
+        return NULL;
+    }
+    dev_info *i = &g_dev[d];
+    if (!i->known) {
+        struct cudaDeviceProp prop;
+        int optin = 0;
+        e = cudaGetDeviceProperties(&prop, d);
+        if (e == cudaSuccess)
+            e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, d);
+        if (e != cudaSuccess) {
+            snprintf(msg, len, "cannot query CUDA device %d: %s", d, cudaGetErrorString(e));
+            return NULL;
+        }
+        i->cc = prop.major * 10 + prop.minor;
+        i->sms = prop.multiProcessorCount;
+        i->smem_optin = (size_t)optin;
+        snprintf(i->name, sizeof i->name, "%.90s", prop.name);
+        i->known = 1;
+    }
+    if (i->cc < 80) {
+        snprintf(msg, len, "GPU %d (%s) is sm_%d; the CUDA backend needs sm_80 or newer", d,
+                 i->name, i->cc);
+        return NULL;
+    }
+    return i;
+}
+
+/* ---- checks ---- */
+
+/* Strides of dimensions of size 1 are never used (frameworks set them freely): only the others
+   must keep rows 16-byte aligned. */
+static fa_status check_operand(fa_context *ctx, const char *fn, const char *name,
+                               const fa_operand *a, int64_t batch, int64_t tokens,
+                               int64_t heads) {
+    if (!a->data) return FA_OK;
+    if ((uintptr_t)a->data % 16 || (batch > 1 && a->sb % 8) || (tokens > 1 && a->st % 8) ||
+        (heads > 1 && a->sh % 8))
+        return fa_fail(ctx, FA_ERR_STRIDE,
+                       "%s: %s is not 16-byte aligned (data %p, strides %lld/%lld/%lld): the "
+                       "CUDA kernels load rows in 16-byte pieces, so the pointer must be 16-byte "
+                       "aligned and every outer stride a multiple of 8 elements",
+                       fn, name, a->data, (long long)a->sb, (long long)a->st, (long long)a->sh);
+    return FA_OK;
+}
+
+/* The pointer must be device (or managed) memory: a host pointer labelled FA_DEVICE_CUDA would
+   fault inside a kernel. */
+static fa_status check_device_ptr(fa_context *ctx, const char *fn, const char *name,
+                                  const void *ptr) {
+    if (!ptr) return FA_OK;
+    struct cudaPointerAttributes at;
+    cudaError_t e = cudaPointerGetAttributes(&at, ptr);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); /* clear the sticky-free error of an unknown pointer */
+        return fa_fail(ctx, FA_ERR_DEVICE, "%s: %s (%p) is not CUDA memory (%s)", fn, name, ptr,
+                       cudaGetErrorString(e));
+    }
+    if (at.type != cudaMemoryTypeDevice && at.type != cudaMemoryTypeManaged)
+        return fa_fail(ctx, FA_ERR_DEVICE, "%s: %s (%p) is host memory, not device memory", fn,
+                       name, ptr);
+    int cur = 0;
+    cudaGetDevice(&cur);
+    if (at.type == cudaMemoryTypeDevice && at.device != cur)
+        return fa_fail(ctx, FA_ERR_DEVICE, "%s: %s lives on GPU %d but the current device is %d",
+                       fn, name, at.device, cur);
+    return FA_OK;
+}
+
+#define TRY(x)                                                                                \
+    do {                                                                                      \
+        fa_status st_ = (x);                                                                  \
+        if (st_ != FA_OK) return st_;                                                         \
+    } while (0)
+
+/* What every CUDA call needs of its scalars: algorithm, dtype, head dim, 32-bit sizes. */
+static fa_status check_problem_scalars(fa_context *ctx, const char *fn, const fa_problem *p) {
+    if (ctx->algo != FA_ALGO_AUTO)
+        return fa_fail(ctx, FA_ERR_UNSUPPORTED,
+                       "%s: the naive and plain reference algorithms run on the CPU backend only",
+                       fn);
+    if (p->dtype != FA_DTYPE_F16 && p->dtype != FA_DTYPE_BF16)
+        return fa_fail(ctx, FA_ERR_DTYPE, "%s: dtype %s; the CUDA backend takes f16 and bf16", fn,
+                       fa_dtype_name(p->dtype));
+    if (p->d % 8 != 0 || fa_cuda_kernel_dim(p->d) == 0)
+        return fa_fail(ctx, FA_ERR_HEAD_DIM,
+                       "%s: head_dim = %lld; the CUDA backend takes multiples of 8 up to 256", fn,
+                       (long long)p->d);
+    /* kernels index rows, sequences and grid dimensions with 32-bit integers */
+    const int64_t big = (int64_t)1 << 30;
+    if (p->seqlen_q >= big || p->seqlen_k >= big || p->total_q >= big || p->total_k >= big)
+        return fa_fail(ctx, FA_ERR_OVERFLOW, "%s: sequences of 2^30 tokens or more", fn);
+    if (p->heads_q > 65535 || p->batch > 65535)
+        return fa_fail(ctx, FA_ERR_UNSUPPORTED,
+                       "%s: heads_q = %lld, batch = %lld; the CUDA grid allows 65535 of each", fn,
+                       (long long)p->heads_q, (long long)p->batch);
+    return FA_OK;
+}
+
+static fa_status check_problem(fa_context *ctx, const char *fn, const fa_problem *p, int bwd) {
+    TRY(check_problem_scalars(ctx, fn, p));
+    const fa_operand *ops[] = {&p->q, &p->k, &p->v, &p->o, &p->dout, &p->dq, &p->dk, &p->dv};
+    const char *names[] = {"q", "k", "v", "out", "dout", "dq", "dk", "dv"};
+    int n = bwd ? 8 : 4;
+    /* q-like operands (q, out, dout, dq) and k-like ones (k, v, dk, dv) */
+    const int klike[] = {0, 1, 1, 0, 0, 0, 1, 1};
+    for (int i = 0; i < n; i++) {
+        int64_t tokens = p->cu_q ? 2 : klike[i] ? p->seqlen_k : p->seqlen_q;
+        int64_t heads = klike[i] ? p->heads_kv : p->heads_q;
+        TRY(check_operand(ctx, fn, names[i], ops[i], p->cu_q ? 1 : p->batch, tokens, heads));
+        TRY(check_device_ptr(ctx, fn, names[i], ops[i]->data));
+    }
+    TRY(check_device_ptr(ctx, fn, "lse", p->lse));
+    TRY(check_device_ptr(ctx, fn, "alibi_slopes", p->alibi));
+    TRY(check_device_ptr(ctx, fn, "cu_seqlens_q", p->cu_q));
+    TRY(check_device_ptr(ctx, fn, "cu_seqlens_k", p->cu_k));
+    return FA_OK;
+}
+
+static fa_status launch_init(fa_context *ctx, const char *fn, fa_cuda_launch *l, void *ws,
+                             size_t ws_bytes) {
+    memset(l, 0, sizeof *l);
+    char msg[256];
+    const dev_info *d = current_device(msg, sizeof msg);
+    if (!d) return fa_fail(ctx, FA_ERR_NO_BACKEND, "%s: %s", fn, msg);
+    l->stream = ctx->stream;
+    l->num_sms = d->sms;
+    l->cc = d->cc;
+    l->smem_optin = d->smem_optin;
+    l->ws = ws ? (char *)ws + WS_HEAD : NULL;
+    l->ws_bytes = ws_bytes > WS_HEAD ? ws_bytes - WS_HEAD : 0;
+    return FA_OK;
+}
+
+/* Varlen: check cu_seqlens on the device and settle the launch's maximum lengths. */
+static fa_status varlen(fa_context *ctx, const char *fn, fa_problem *p, void *ws) {
+    if (!p->cu_q) return FA_OK;
+    char msg[256];
+    int64_t mq, mk;
+    fa_status st = fa_cuda_varlen_check(p, p->total_q, p->total_k, ws, ctx->stream, &mq, &mk,
+                                        msg, sizeof msg);
+    if (st != FA_OK) return fa_fail(ctx, st, "%s: %s", fn, msg);
+    if ((p->seqlen_q && p->seqlen_q < mq) || (p->seqlen_k && p->seqlen_k < mk))
+        return fa_fail(ctx, FA_ERR_VARLEN,
+                       "%s: max_seqlen_q/k = %lld/%lld but the longest sequences are %lld/%lld",
+                       fn, (long long)p->seqlen_q, (long long)p->seqlen_k, (long long)mq,
+                       (long long)mk);
+    p->seqlen_q = mq;
+    p->seqlen_k = mk;
+    return FA_OK;
+}
+
+static void record(fa_context *ctx, const char *op, const fa_cuda_launch *l, size_t ws) {
+    fa_select(ctx, "cuda", op, l->kernel);
+    ctx->sel.tile_q = l->tile_q;
+    ctx->sel.tile_k = l->tile_k;
+    ctx->sel.threads = l->threads;
+    ctx->sel.workspace_bytes = ws;
+}
+
+/* ---- the table ---- */
+
+static fa_status cuda_fwd_workspace(fa_context *ctx, const fa_problem *p, size_t *bytes) {
+    TRY(check_problem(ctx, "fa_fwd", p, 0));
+    *bytes = p->cu_q ? WS_HEAD : 0;
+    return FA_OK;
+}
+
+static fa_status cuda_fwd(fa_context *ctx, const fa_problem *pin, void *ws, size_t ws_bytes) {
+    fa_problem p = *pin;
+    fa_cuda_launch l;
+    TRY(launch_init(ctx, "fa_fwd", &l, ws, ws_bytes));
+    TRY(varlen(ctx, "fa_fwd", &p, ws));
+    fa_status st = fa_sm80_fwd(&p, &l);
+    if (st != FA_OK) return fa_fail(ctx, st, "fa_fwd: %s", l.msg);
+    record(ctx, "fwd", &l, p.cu_q ? WS_HEAD : 0);
+    return FA_OK;
+}
+
+static fa_status cuda_bwd_workspace(fa_context *ctx, const fa_problem *p, size_t *bytes) {
+    TRY(check_problem(ctx, "fa_bwd", p, 1));
+    fa_cuda_launch l;
+    TRY(launch_init(ctx, "fa_bwd", &l, NULL, 0));
+    *bytes = WS_HEAD + fa_sm80_bwd_workspace(p, &l);
+    return FA_OK;
+}
+
+static fa_status cuda_bwd(fa_context *ctx, const fa_problem *pin, void *ws, size_t ws_bytes) {
+    fa_problem p = *pin;
+    fa_cuda_launch l;
+    TRY(launch_init(ctx, "fa_bwd", &l, ws, ws_bytes));
+    TRY(varlen(ctx, "fa_bwd", &p, ws));
+    size_t need = fa_sm80_bwd_workspace(&p, &l);
+    if (need > l.ws_bytes)
+        return fa_fail(ctx, FA_ERR_INTERNAL, "fa_bwd: workspace of %zu bytes, kernels need %zu",
+                       l.ws_bytes, need);
+    fa_status st = fa_sm80_bwd(&p, &l);
+    if (st != FA_OK) return fa_fail(ctx, st, "fa_bwd: %s", l.msg);
+    record(ctx, "bwd", &l, WS_HEAD + need);
+    return FA_OK;
+}
+
+/* ---- KV cache and merge ---- */
+
+static fa_status check_kvcache(fa_context *ctx, const fa_problem *p) {
+    const char *fn = "fa_fwd_kvcache";
+    TRY(check_problem_scalars(ctx, fn, p));
+    const int64_t cache_outer = p->block_table ? p->num_pages : p->batch;
+    const int64_t cache_rows = p->block_table ? p->page_size : p->seqlen_k;
+    TRY(check_operand(ctx, fn, "q", &p->q, p->batch, p->seqlen_q, p->heads_q));
+    TRY(check_operand(ctx, fn, "out", &p->o, p->batch, p->seqlen_q, p->heads_q));
+    TRY(check_operand(ctx, fn, "cache->k", &p->k, cache_outer, cache_rows, p->heads_kv));
+    TRY(check_operand(ctx, fn, "cache->v", &p->v, cache_outer, cache_rows, p->heads_kv));
+    TRY(check_operand(ctx, fn, "k_new", &p->k_new, p->batch, p->seqlen_new, p->heads_kv));
+    TRY(check_operand(ctx, fn, "v_new", &p->v_new, p->batch, p->seqlen_new, p->heads_kv));
+    const void *ptrs[] = {p->q.data, p->o.data, p->k.data, p->v.data, p->k_new.data,
+                          p->v_new.data, p->lse, p->alibi, p->kv_seqlens, p->block_table};
+    const char *names[] = {"q", "out", "cache->k", "cache->v", "k_new", "v_new", "lse",
+                           "alibi_slopes", "cache->seqlens", "cache->block_table"};
+    for (int i = 0; i < (int)(sizeof ptrs / sizeof *ptrs); i++)
+        TRY(check_device_ptr(ctx, fn, names[i], ptrs[i]));
+    return FA_OK;
+}
+
+static fa_status cuda_fwd_kvcache_workspace(fa_context *ctx, const fa_problem *p, size_t *bytes) {
+    TRY(check_kvcache(ctx, p));
+    fa_cuda_launch l;
+    TRY(launch_init(ctx, "fa_fwd_kvcache", &l, NULL, 0));
+    *bytes = WS_HEAD + fa_sm80_kvcache_workspace(p, &l);
+    return FA_OK;
+}
+
+static fa_status cuda_fwd_kvcache(fa_context *ctx, const fa_problem *p, void *ws, size_t ws_bytes) {
+    fa_cuda_launch l;
+    char msg[256];
+    TRY(launch_init(ctx, "fa_fwd_kvcache", &l, ws, ws_bytes));
+    if (ctx->device_checks) {
+        fa_status st = fa_sm80_kvcache_check(p, ws, ctx->stream, msg, sizeof msg);
+        if (st != FA_OK) return fa_fail(ctx, st, "fa_fwd_kvcache: %s", msg);
+    }
+    int splits = 1;
+    fa_status st = fa_sm80_fwd_kvcache(p, &l, &splits);
+    if (st != FA_OK) return fa_fail(ctx, st, "fa_fwd_kvcache: %s", l.msg);
+    record(ctx, "fwd", &l, WS_HEAD + fa_sm80_kvcache_workspace(p, &l));
+    ctx->sel.num_splits = splits;
+    if (!ctx->device_checks)
+        snprintf(ctx->sel.reason, sizeof ctx->sel.reason,
+                 "device checks of seqlens/block_table off (fa_context_set_device_checks)");
+    return FA_OK;
+}
+
+static fa_status cuda_merge(fa_context *ctx, const fa_merge_problem *m) {
+    const char *fn = "fa_merge_attn";
+    if (m->n > FA_CUDA_MERGE_MAX_PARTS)
+        return fa_fail(ctx, FA_ERR_UNSUPPORTED, "%s: n = %d parts; the CUDA backend merges at most %d",
+                       fn, m->n, FA_CUDA_MERGE_MAX_PARTS);
+    if (m->dtype == FA_DTYPE_F64 || m->part_dtype == FA_DTYPE_F64 || m->dtype == FA_DTYPE_F8_E4M3 ||
+        m->part_dtype == FA_DTYPE_F8_E4M3)
+        return fa_fail(ctx, FA_ERR_DTYPE, "%s: the CUDA backend merges f32, f16 and bf16", fn);
+    fa_cuda_merge_args a;
+    memset(&a, 0, sizeof a);
+    a.n = m->n;
+    a.batch = m->batch, a.seqlen = m->seqlen, a.heads = m->heads, a.d = m->d;
+    a.o = m->o.data, a.sb = m->o.sb, a.st = m->o.st, a.sh = m->o.sh;
+    a.lse = m->lse, a.lse_sb = m->lse_sb, a.lse_sh = m->lse_sh, a.lse_st = m->lse_st;
+    TRY(check_device_ptr(ctx, fn, "out", m->o.data));
+    TRY(check_device_ptr(ctx, fn, "lse", m->lse));
+    for (int s = 0; s < m->n; s++) {
+        const fa_merge_part *p = &m->parts[s];
+        TRY(check_device_ptr(ctx, fn, "out_parts[s]", p->o.data));
+        TRY(check_device_ptr(ctx, fn, "lse_parts[s]", p->lse));
+        a.parts[s].o = p->o.data;
+        a.parts[s].sb = p->o.sb, a.parts[s].st = p->o.st, a.parts[s].sh = p->o.sh;
+        a.parts[s].lse = p->lse;
+        a.parts[s].lse_sb = p->lse_sb, a.parts[s].lse_sh = p->lse_sh, a.parts[s].lse_st = p->lse_st;
+    }
+    char msg[200];
+    fa_status st = fa_cuda_merge(&a, m->part_dtype, m->dtype, ctx->stream, msg, sizeof msg);
+    if (st != FA_OK) return fa_fail(ctx, st, "%s: %s", fn, msg);
+    char name[64];
+    snprintf(name, sizeof name, "sm80_merge_attn_%s", fa_dtype_name(m->dtype));
+    fa_select(ctx, "cuda", "merge", name);
+    ctx->sel.threads = 128;
+    ctx->sel.num_splits = m->n;
+    return FA_OK;
+}
+
+static void *cuda_ws_alloc(size_t bytes) {
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_ws_free(void *p) { cudaFree(p); }
+
+static const fa_backend_ops cuda_ops = {
+    "cuda", cuda_fwd_workspace, cuda_fwd, cuda_bwd_workspace, cuda_bwd, cuda_ws_alloc,
+    cuda_ws_free,
+    cuda_fwd_kvcache, cuda_fwd_kvcache_workspace, cuda_merge,
+};
+
+int fa_has_cuda(void) { return 1; }
+
+const fa_backend_ops *fa_cuda_backend_get(void) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        snprintf(g_unavailable, sizeof g_unavailable, "no usable CUDA device (%s)",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+        cudaGetLastError();
+        return NULL;
+    }
+    if (!current_device(g_unavailable, sizeof g_unavailable)) return NULL;
+    return &cuda_ops;
+}
+
+const char *fa_cuda_unavailable(void) { return g_unavailable; }
+
+/* ---- what `flashattn info` lists: one kernel per op, head dim and dtype, and the merges ---- */
+
+static const int k_dims[] = {32, 64, 96, 128, 192, 256};
+static const char *const k_ops[] = {"fwd", "bwd", "fwd_kvcache"};
+static const char *const k_dts[] = {"f16", "bf16", "f32"};
+#define N_DIMS ((int)(sizeof k_dims / sizeof k_dims[0]))
+#define N_OPS ((int)(sizeof k_ops / sizeof k_ops[0]))
+#define N_ATTN (N_OPS * N_DIMS * 2)
+static char g_names[N_ATTN + 3][40];
+
+int fa_cuda_kernel_count(void) { return N_ATTN + 3; }
+
+const char *fa_cuda_kernel_name(int i) {
+    if (i < 0 || i >= fa_cuda_kernel_count()) return NULL;
+    if (!g_names[i][0]) {
+        if (i < N_ATTN)
+            snprintf(g_names[i], sizeof g_names[i], "sm80_%s_d%d_%s", k_ops[i / (N_DIMS * 2)],
+                     k_dims[(i / 2) % N_DIMS], k_dts[i % 2]);
+        else
+            snprintf(g_names[i], sizeof g_names[i], "sm80_merge_attn_%s", k_dts[i - N_ATTN]);
+    }
+    return g_names[i];
+}

@@ -1,0 +1,4 @@
+/* cuda/bwd_sm80_d32.cu — the sm80 backward kernels for head dim 32 (see bwd_sm80.cu). */
+#include "bwd_sm80_run.cuh"
+
+FA_BWD_RUN_DEFINE(32)

@@ -1,0 +1,268 @@
+/*
+ * cuda/bwd_sm80_main.cuh — the backward's main kernel: one block per (key tile, kv head and
+ * query-head split, sequence) owns dK and dV of its BN keys in registers, and walks every
+ * (query head of its split, query tile that can see the keys):
+ *
+ *   S = Q K^T, dP = dO V^T            (fp32 registers, warp grid SWM x SWN)
+ *   P = exp2(S * scale * log2e - LSE * log2e), dS = P * (dP - D) [* (1 - tanh^2) with softcap]
+ *   P, dS -> shared memory (16-bit)   (the next products need them in other warp layouts)
+ *   dV += P^T dO, dK += dS^T Q        (warp grid KWN x KWD, accumulators in registers)
+ *   dQ(tile) += dS K                  (fp32 red.global.add into the workspace; skipped in
+ *                                      deterministic mode, where bwd_sm80_dq.cuh computes dQ)
+ *
+ * Barriers per query tile: one after the loads land (also fences the previous tile's reads of
+ * P/dS and of the buffer the next prefetch overwrites), one after P/dS are stored. With DB the
+ * next Q/dO/LSE/D tile is in flight during all of this tile's math; without, it loads during
+ * the dQ product (a third barrier guards the single buffer).
+ */
+#ifndef FA_CUDA_BWD_SM80_MAIN_CUH
+#define FA_CUDA_BWD_SM80_MAIN_CUH
+
+#include <math.h>
+
+#include "bwd_sm80.cuh"
+#include "bwd_sm80_pds.cuh"
+#include "bwd_sm80_tile.cuh"
+
+namespace fa {
+namespace bwd {
+
+template <typename T, typename C, bool DQ_ATOMIC>
+__global__ void __launch_bounds__(C::THREADS, 1) bwd_main_kernel(const __grid_constant__ BwdArgs a) {
+    constexpr int D = C::D, BM = C::BM, BN = C::BN, LCH = D / 8;
+    constexpr int LD_D = C::LD_D, LD_N = C::LD_N, THREADS = C::THREADS;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const uint32_t s0 = smem_addr(smem);
+    const uint32_t sK = s0 + (uint32_t)C::OFF_K, sV = s0 + (uint32_t)C::OFF_V;
+    const uint32_t sP = s0 + (uint32_t)C::OFF_P, sdS = s0 + (uint32_t)C::OFF_DS;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int kb = blockIdx.x, split = blockIdx.y % a.nsplit, hkv = blockIdx.y / a.nsplit;
+    const int b = blockIdx.z;
+    const Seq s = seq_of(a, b);
+    const int j0 = kb * BN;
+    if (j0 >= s.sk) return; /* varlen: this sequence has fewer keys */
+    const int nk = min(BN, s.sk - j0);
+    const RowKeys rk(a, s.sq, s.sk);
+
+    /* Rows that see a key of [j0, j0 + nk): hi(i) > j0 and lo(i) < j0 + nk. Both bounds are
+       monotone in i, so they form one run [ia, ib). (The host clamps windows to the sequence
+       maxima, so none of this overflows.) */
+    int ia = 0, ib = s.sq;
+    if (a.win_right >= 0) ia = max(0, j0 - rk.diag - a.win_right);
+    if (a.win_left >= 0) ib = min(s.sq, j0 + nk + a.win_left - rk.diag);
+    const int m_first = ia / BM;
+    const int nmb = ia < ib ? (ib - 1) / BM - m_first + 1 : 0;
+    const int h_begin = hkv * a.group + split * a.heads_per_split;
+    const int h_end = min(h_begin + a.heads_per_split, (hkv + 1) * a.group);
+    const int niter = h_end > h_begin ? (h_end - h_begin) * nmb : 0;
+
+    const int64_t wrow0 = ws_row0(a, b, s.q0);
+
+    float dk[C::K_MT][C::K_NT][4], dv[C::K_MT][C::K_NT][4];
+    zero(dk);
+    zero(dv);
+
+    /* warp coordinates in the three warp grids */
+    const int wm_s = warp / C::SWN, wn_s = warp % C::SWN;
+    const int wn_k = warp / C::KWD, wd_k = warp % C::KWD;
+    const int wm_q = warp / C::QWD, wd_q = warp % C::QWD;
+
+    if (niter > 0) {
+        const T *kg = (const T *)a.k + s.bk * a.k_sb + (int64_t)(s.k0 + j0) * a.k_st +
+                      (int64_t)hkv * a.k_sh;
+        const T *vg = (const T *)a.v + s.bk * a.v_sb + (int64_t)(s.k0 + j0) * a.v_st +
+                      (int64_t)hkv * a.v_sh;
+        load_rows<BN, LCH, LD_D, THREADS>(sK, kg, a.k_st, nk, a.d, tid);
+        load_rows<BN, LCH, LD_D, THREADS>(sV, vg, a.v_st, nk, a.d, tid);
+
+        /* Q, dO, LSE2 and D of iteration `it` into buffer `buf`, as one cp.async group. */
+        auto load_q = [&](int it, int buf) {
+            const int h = h_begin + it / nmb, i0 = (m_first + it % nmb) * BM;
+            const T *qg = (const T *)a.q + s.bq * a.q_sb + (int64_t)(s.q0 + i0) * a.q_st +
+                          (int64_t)h * a.q_sh;
+            const T *dog = (const T *)a.dout + s.bq * a.do_sb + (int64_t)(s.q0 + i0) * a.do_st +
+                           (int64_t)h * a.do_sh;
+            const uint32_t qo = (uint32_t)(buf * C::SZ_Q);
+            load_rows<BM, LCH, LD_D, THREADS>(s0 + (uint32_t)C::OFF_Q + qo, qg, a.q_st,
+                                               s.sq - i0, a.d, tid);
+            load_rows<BM, LCH, LD_D, THREADS>(s0 + (uint32_t)C::OFF_DO + qo, dog, a.do_st,
+                                               s.sq - i0, a.d, tid);
+            const int64_t w = (int64_t)h * a.ws_rows + wrow0 + i0;
+            load_floats(s0 + (uint32_t)(C::OFF_L + buf * BM * 4), a.lse2 + w, BM, tid, 0);
+            load_floats(s0 + (uint32_t)(C::OFF_D + buf * BM * 4), a.dsum + w, BM, tid, BM / 4);
+            cp_async_commit();
+        };
+        load_q(0, 0); /* the group also holds K and V */
+
+        const bool fancy = a.softcap > 0.f || a.alibi != nullptr;
+
+        for (int it = 0; it < niter; it++) {
+            const int buf = C::DB ? (it & 1) : 0;
+            const int h = h_begin + it / nmb, i0 = (m_first + it % nmb) * BM;
+            cp_async_wait<0>();
+            /* tile `it` visible to all; every warp is done with tile it-1 (P, dS, and the
+               buffer the prefetch below overwrites) */
+            __syncthreads();
+            if (C::DB && it + 1 < niter) load_q(it + 1, buf ^ 1);
+
+            const uint32_t sQb = s0 + (uint32_t)(C::OFF_Q + buf * C::SZ_Q);
+            const uint32_t sdOb = s0 + (uint32_t)(C::OFF_DO + buf * C::SZ_Q);
+            const float *sL = (const float *)(smem + C::OFF_L) + buf * BM;
+            const float *sDd = (const float *)(smem + C::OFF_D) + buf * BM;
+
+            const bool full = i0 + BM <= s.sq && rk.lo(i0 + BM - 1) <= j0 && rk.hi(i0) >= j0 + BN;
+            const float slope = a.alibi ? a.alibi[b * a.alibi_sb + h] : 0.f;
+#pragma unroll
+            for (int sl = 0; sl < C::SSPLIT; sl++) {
+                const int n0 = wn_s * C::STN + sl * C::S_NTS * 8; /* slice's first key */
+
+                /* S = Q K^T, dP = dO V^T */
+                float sc[C::S_MT][C::S_NTS][4], dp[C::S_MT][C::S_NTS][4];
+                zero(sc);
+                zero(dp);
+                warp_mma<T, C::S_MT, C::S_NTS, D / 16, LD_D, false, LD_D, false>(
+                    sc, sQb, wm_s * C::STM, 0, sK, n0, 0, lane);
+                warp_mma<T, C::S_MT, C::S_NTS, D / 16, LD_D, false, LD_D, false>(
+                    dp, sdOb, wm_s * C::STM, 0, sV, n0, 0, lane);
+
+                /* P into sc, dS into dp; per-element masking only on tiles that cross an edge */
+                p_ds(sc, dp, a, rk, sL, sDd, wm_s * C::STM, i0, j0 + n0, s.sq, full && !fancy,
+                     slope, lane);
+
+                /* P and dS to shared memory, [query][key] */
+#pragma unroll
+                for (int mi = 0; mi < C::S_MT; mi++)
+#pragma unroll
+                    for (int hr = 0; hr < 2; hr++) {
+                        const int r = wm_s * C::STM + mi * 16 + g + hr * 8;
+#pragma unroll
+                        for (int ni = 0; ni < C::S_NTS; ni++) {
+                            const uint32_t off = elem_off<LD_N>(r, n0 + ni * 8 + 2 * t4);
+                            *(uint32_t *)(smem + C::OFF_P + off) =
+                                pack2<T>(sc[mi][ni][2 * hr], sc[mi][ni][2 * hr + 1]);
+                            *(uint32_t *)(smem + C::OFF_DS + off) =
+                                pack2<T>(dp[mi][ni][2 * hr], dp[mi][ni][2 * hr + 1]);
+                        }
+                    }
+            }
+            __syncthreads(); /* P, dS complete */
+
+            /* dV += P^T dO, dK += dS^T Q */
+            warp_mma<T, C::K_MT, C::K_NT, BM / 16, LD_N, true, LD_D, true>(
+                dv, sP, wn_k * C::KTM, 0, sdOb, wd_k * C::KTN, 0, lane);
+            warp_mma<T, C::K_MT, C::K_NT, BM / 16, LD_N, true, LD_D, true>(
+                dk, sdS, wn_k * C::KTM, 0, sQb, wd_k * C::KTN, 0, lane);
+
+            if (!C::DB) {
+                __syncthreads(); /* every warp is done with the single Q/dO/LSE/D buffer */
+                if (it + 1 < niter) load_q(it + 1, 0);
+            }
+
+            if (DQ_ATOMIC) {
+                /* dQ(tile) += dS K, added to the fp32 accumulator; rows past the sequence and
+                   columns past d are all zero and skipped */
+                float *dqg = a.dq_acc + ((int64_t)h * a.ws_rows + wrow0 + i0) * D;
+#pragma unroll
+                for (int pass = 0; pass < C::Q_NT / C::QPN; pass++) {
+                    const int n0 = wd_q * C::QTN + pass * C::QPN * 8;
+                    if (n0 >= a.d) break;
+                    float acc[C::Q_MT][C::QPN][4];
+                    zero(acc);
+                    warp_mma<T, C::Q_MT, C::QPN, BN / 16, LD_N, false, LD_D, true>(
+                        acc, sdS, wm_q * C::QTM, 0, sK, n0, 0, lane);
+#pragma unroll
+                    for (int mi = 0; mi < C::Q_MT; mi++)
+#pragma unroll
+                        for (int hr = 0; hr < 2; hr++) {
+                            const int r = wm_q * C::QTM + mi * 16 + g + hr * 8;
+                            if (i0 + r >= s.sq) continue;
+#pragma unroll
+                            for (int ni = 0; ni < C::QPN; ni++) {
+                                const int col = n0 + ni * 8 + 2 * t4;
+                                if (n0 + ni * 8 < a.d)
+                                    red_add2(dqg + (int64_t)r * D + col, acc[mi][ni][2 * hr],
+                                             acc[mi][ni][2 * hr + 1]);
+                            }
+                        }
+                }
+            }
+        }
+    }
+
+    /* dK = scale * sum dS^T Q (Q was not scaled on load) */
+#pragma unroll
+    for (int mi = 0; mi < C::K_MT; mi++)
+#pragma unroll
+        for (int ni = 0; ni < C::K_NT; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) dk[mi][ni][e] *= a.scale;
+
+    if (a.nsplit == 1) {
+        /* Stage dK, dV as T in the K and V tiles, then store whole 16-byte chunks. */
+        __syncthreads(); /* every warp is done reading K (dQ product) and V */
+#pragma unroll
+        for (int mi = 0; mi < C::K_MT; mi++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int r = wn_k * C::KTM + mi * 16 + g + hr * 8;
+#pragma unroll
+                for (int ni = 0; ni < C::K_NT; ni++) {
+                    const uint32_t off = elem_off<LD_D>(r, wd_k * C::KTN + ni * 8 + 2 * t4);
+                    *(uint32_t *)(smem + C::OFF_K + off) =
+                        pack2<T>(dk[mi][ni][2 * hr], dk[mi][ni][2 * hr + 1]);
+                    *(uint32_t *)(smem + C::OFF_V + off) =
+                        pack2<T>(dv[mi][ni][2 * hr], dv[mi][ni][2 * hr + 1]);
+                }
+            }
+        __syncthreads();
+        T *dkg = (T *)a.dk + s.bk * a.dk_sb + (int64_t)(s.k0 + j0) * a.dk_st + (int64_t)hkv * a.dk_sh;
+        T *dvg = (T *)a.dv + s.bk * a.dv_sb + (int64_t)(s.k0 + j0) * a.dv_st + (int64_t)hkv * a.dv_sh;
+        for (int idx = tid; idx < nk * LCH; idx += THREADS) {
+            const int r = idx / LCH, c = idx % LCH;
+            if (c * 8 >= a.d) continue;
+            const uint32_t off = chunk_off<LD_D>(r, c);
+            *(uint4 *)(dkg + (int64_t)r * a.dk_st + c * 8) = *(const uint4 *)(smem + C::OFF_K + off);
+            *(uint4 *)(dvg + (int64_t)r * a.dv_st + c * 8) = *(const uint4 *)(smem + C::OFF_V + off);
+        }
+    } else {
+        /* fp32 partials of this split; bwd_sm80_aux.cu sums the splits in order */
+        const int64_t prow = (int64_t)(split * a.heads_kv + hkv) * a.kv_rows + kv_row0(a, b, s.k0) + j0;
+        float *dkp = a.dk_part + prow * D, *dvp = a.dv_part + prow * D;
+#pragma unroll
+        for (int mi = 0; mi < C::K_MT; mi++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int r = wn_k * C::KTM + mi * 16 + g + hr * 8;
+                if (r >= nk) continue;
+#pragma unroll
+                for (int ni = 0; ni < C::K_NT; ni++) {
+                    const int col = wd_k * C::KTN + ni * 8 + 2 * t4;
+                    if (wd_k * C::KTN + ni * 8 >= a.d) continue;
+                    *(float2 *)(dkp + (int64_t)r * D + col) =
+                        make_float2(dk[mi][ni][2 * hr], dk[mi][ni][2 * hr + 1]);
+                    *(float2 *)(dvp + (int64_t)r * D + col) =
+                        make_float2(dv[mi][ni][2 * hr], dv[mi][ni][2 * hr + 1]);
+                }
+            }
+    }
+}
+
+/* Queues the main kernel of configuration C. */
+template <typename T, typename C, bool DQ_ATOMIC>
+cudaError_t launch_main(const BwdArgs &a, cudaStream_t st) {
+    auto kern = bwd_main_kernel<T, C, DQ_ATOMIC>;
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)C::SMEM);
+    if (e != cudaSuccess) return e;
+    const dim3 grid((a.seqlen_k + C::BN - 1) / C::BN, a.heads_kv * a.nsplit, a.batch);
+    if (grid.x == 0) return cudaSuccess;
+    kern<<<grid, C::THREADS, C::SMEM, st>>>(a);
+    return cudaGetLastError();
+}
+
+} // namespace bwd
+} // namespace fa
+
+#endif

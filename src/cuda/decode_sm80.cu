@@ -1,0 +1,296 @@
+/*
+ * cuda/decode_sm80.cu — fa_fwd_kvcache on the GPU: the device check of seqlens / block_table,
+ * the append of k_new / v_new into the cache, the split choice, the decode kernel
+ * (decode_sm80.cuh) and, with several splits, the merge of their partial results.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "decode_sm80.cuh"
+#include "merge_sm80.h"
+
+namespace {
+
+/* out[0]: first bad sequence or -1; out[1]: 1 = length, 2 = page index */
+__global__ void kv_check_kernel(const int *seqlens, const int *bt, int64_t bt_stride, int batch,
+                                int seqlen_new, int capacity, int page_size, int num_pages,
+                                int *out) {
+    if (threadIdx.x == 0) out[0] = -1, out[1] = 0;
+    __syncthreads();
+    for (int b = threadIdx.x; b < batch; b += blockDim.x) {
+        const long long total = (long long)seqlens[b] + seqlen_new;
+        int bad = seqlens[b] < 0 || total > capacity ? 1 : 0;
+        if (!bad && bt) {
+            const long long pages = (total + page_size - 1) / page_size;
+            for (long long p = 0; p < pages && !bad; p++) {
+                const int pg = bt[b * bt_stride + p];
+                if (pg < 0 || pg >= num_pages) bad = 2;
+            }
+        }
+        if (bad && atomicCAS(&out[0], -1, b) == -1) out[1] = bad;
+    }
+}
+
+/* one thread per 16-byte chunk of a new row: k_new/v_new (b, t, hk) -> cache position
+   seqlens[b] + t */
+template <typename T>
+__global__ void append_kernel(const fa::DecodeArgs a, const void *kn, const void *vn,
+                              int64_t kn_sb, int64_t kn_st, int64_t kn_sh, int64_t vn_sb,
+                              int64_t vn_st, int64_t vn_sh, int heads_kv, int batch) {
+    const int cpr = a.d / 8;
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t total = (int64_t)batch * a.seqlen_new * heads_kv * cpr;
+    if (idx >= total) return;
+    const int x = (int)(idx % cpr);
+    int64_t r = idx / cpr;
+    const int hk = (int)(r % heads_kv);
+    r /= heads_kv;
+    const int t = (int)(r % a.seqlen_new), b = (int)(r / a.seqlen_new);
+    const int pos = max(a.seqlens[b], 0) + t;
+    if (pos >= a.capacity) return; /* only reachable with device checks off */
+    const T *ks = (const T *)kn + b * kn_sb + t * kn_st + hk * kn_sh + x * 8;
+    const T *vs = (const T *)vn + b * vn_sb + t * vn_st + hk * vn_sh + x * 8;
+    T *kd = (T *)fa::cache_row(a, a.k, a.k_sb, a.k_st, a.k_sh, b, pos, hk, sizeof(T)) + x * 8;
+    T *vd = (T *)fa::cache_row(a, a.v, a.v_sb, a.v_st, a.v_sh, b, pos, hk, sizeof(T)) + x * 8;
+    *(uint4 *)kd = *(const uint4 *)ks;
+    *(uint4 *)vd = *(const uint4 *)vs;
+}
+
+template <typename T>
+cudaError_t run_dim(int D, const fa::DecodeArgs &a, int rb, int hkv, int batch, cudaStream_t st) {
+    switch (D) {
+    case 32: return fa::decode_sm80_run<T, 32>(a, rb, hkv, batch, st);
+    case 64: return fa::decode_sm80_run<T, 64>(a, rb, hkv, batch, st);
+    case 96: return fa::decode_sm80_run<T, 96>(a, rb, hkv, batch, st);
+    case 128: return fa::decode_sm80_run<T, 128>(a, rb, hkv, batch, st);
+    case 192: return fa::decode_sm80_run<T, 192>(a, rb, hkv, batch, st);
+    default: return fa::decode_sm80_run<T, 256>(a, rb, hkv, batch, st);
+    }
+}
+
+/* Blocks per multiprocessor of the decode kernel for (dtype, D), asked once per process. */
+int blocks_per_sm(fa_dtype dt, int D) {
+    static int cache[2][7];
+    const int di = D == 32 ? 0 : D == 64 ? 1 : D == 96 ? 2 : D == 128 ? 3 : D == 192 ? 4 : 5;
+    const int ti = dt == FA_DTYPE_BF16;
+    int n = cache[ti][di];
+    if (n) return n;
+    switch (D) {
+#define OCC(DD) case DD: n = ti ? fa::decode_sm80_occupancy<__nv_bfloat16, DD>() : fa::decode_sm80_occupancy<__half, DD>(); break;
+        OCC(32) OCC(64) OCC(96) OCC(128) OCC(192) OCC(256)
+#undef OCC
+    }
+    if (n < 1) n = 1;
+    cache[ti][di] = n;
+    return n;
+}
+
+size_t decode_smem(int D) {
+    switch (D) {
+    case 32: return fa::DecodeCfg<32>::SMEM;
+    case 64: return fa::DecodeCfg<64>::SMEM;
+    case 96: return fa::DecodeCfg<96>::SMEM;
+    case 128: return fa::DecodeCfg<128>::SMEM;
+    case 192: return fa::DecodeCfg<192>::SMEM;
+    default: return fa::DecodeCfg<256>::SMEM;
+    }
+}
+
+int key_step(int D) {
+    switch (D) {
+    case 32: return 4 * fa::DecodeCfg<32>::BNW;
+    case 64: return 4 * fa::DecodeCfg<64>::BNW;
+    case 96: return 4 * fa::DecodeCfg<96>::BNW;
+    case 128: return 4 * fa::DecodeCfg<128>::BNW;
+    case 192: return 4 * fa::DecodeCfg<192>::BNW;
+    default: return 4 * fa::DecodeCfg<256>::BNW;
+    }
+}
+
+struct Plan {
+    int splits, chunk, row_blocks;
+};
+
+/* Splits: the fewest whose grid fills at least 90% of its last wave of resident slots
+   (multiprocessors x blocks per multiprocessor; a second wave of four blocks doubled the time
+   at batch 1), else the best fill; each split at least two key steps of the capacity, at most
+   FA_CUDA_MERGE_MAX_PARTS; or what the caller forced. */
+Plan plan_of(const fa_problem *p, int num_sms) {
+    Plan pl;
+    const int D = fa_cuda_kernel_dim(p->d), step = key_step(D);
+    const int64_t rows = p->group * p->seqlen_q;
+    pl.row_blocks = (int)((rows + 15) / 16);
+    const int64_t base = (int64_t)pl.row_blocks * p->heads_kv * p->batch;
+    const int64_t cap = p->seqlen_k > 0 ? p->seqlen_k : 1;
+    int64_t s = p->num_splits;
+    if (s <= 0) {
+        const int64_t slots = (int64_t)num_sms * blocks_per_sm(p->dtype, D);
+        int64_t by_len = (cap + 2 * step - 1) / (2 * step);
+        if (by_len > FA_CUDA_MERGE_MAX_PARTS) by_len = FA_CUDA_MERGE_MAX_PARTS;
+        if (by_len < 1) by_len = 1;
+        double best = 0.0;
+        s = 1;
+        for (int64_t c = 1; c <= by_len; c++) {
+            const int64_t blocks = base * c, waves = (blocks + slots - 1) / slots;
+            const double fill = (double)blocks / (double)(waves * slots);
+            if (fill > best) {
+                best = fill;
+                s = c;
+            }
+            if (fill >= 0.9) break; /* the fewest splits that fill 90% of the slots */
+        }
+    }
+    pl.splits = (int)s;
+    int64_t chunk = (cap + s - 1) / s;
+    chunk = (chunk + step - 1) / step * step;
+    pl.chunk = (int)chunk;
+    return pl;
+}
+
+} // namespace
+
+extern "C" size_t fa_sm80_kvcache_workspace(const fa_problem *p, const fa_cuda_launch *l) {
+    const Plan pl = plan_of(p, l->num_sms);
+    if (pl.splits == 1) return 0;
+    const size_t rows = (size_t)pl.splits * p->batch * p->seqlen_q * p->heads_q;
+    return rows * (size_t)p->d * 4 + rows * 4 + 256;
+}
+
+extern "C" fa_status fa_sm80_kvcache_check(const fa_problem *p, void *ws, void *stream, char *msg,
+                                           size_t len) {
+    cudaStream_t st = (cudaStream_t)stream;
+    int host[2];
+    kv_check_kernel<<<1, 256, 0, st>>>(p->kv_seqlens, p->block_table, p->bt_stride,
+                                       (int)p->batch, (int)p->seqlen_new, (int)p->seqlen_k,
+                                       (int)p->page_size, (int)p->num_pages, (int *)ws);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) e = cudaMemcpyAsync(host, ws, sizeof host, cudaMemcpyDeviceToHost, st);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+    if (e != cudaSuccess) {
+        snprintf(msg, len, "checking the cache's seqlens/block_table: %s", cudaGetErrorString(e));
+        return FA_ERR_CUDA;
+    }
+    if (host[0] >= 0) {
+        if (host[1] == 1)
+            snprintf(msg, len,
+                     "cache->seqlens[%d] is negative or, with %lld new tokens, exceeds the "
+                     "cache's capacity of %lld tokens",
+                     host[0], (long long)p->seqlen_new, (long long)p->seqlen_k);
+        else
+            snprintf(msg, len, "cache->block_table row %d names a page outside the pool of %lld",
+                     host[0], (long long)p->num_pages);
+        return FA_ERR_VARLEN;
+    }
+    return FA_OK;
+}
+
+extern "C" fa_status fa_sm80_fwd_kvcache(const fa_problem *p, fa_cuda_launch *l, int *splits_used) {
+    const int D = fa_cuda_kernel_dim(p->d);
+    if (decode_smem(D) > l->smem_optin) {
+        snprintf(l->msg, sizeof l->msg,
+                 "the decode kernel for head dim %d needs %zu bytes of shared memory per block; "
+                 "this GPU allows %zu",
+                 D, decode_smem(D), l->smem_optin);
+        return FA_ERR_UNSUPPORTED;
+    }
+    const Plan pl = plan_of(p, l->num_sms);
+    if (pl.splits > FA_CUDA_MERGE_MAX_PARTS) {
+        snprintf(l->msg, sizeof l->msg, "num_splits = %d; the CUDA backend merges at most %d",
+                 pl.splits, FA_CUDA_MERGE_MAX_PARTS);
+        return FA_ERR_INVALID_ARGUMENT;
+    }
+    fa::DecodeArgs a = {};
+    a.q = p->q.data;
+    a.k = p->k.data;
+    a.v = p->v.data;
+    a.q_sb = p->q.sb, a.q_st = p->q.st, a.q_sh = p->q.sh;
+    a.k_sb = p->k.sb, a.k_st = p->k.st, a.k_sh = p->k.sh;
+    a.v_sb = p->v.sb, a.v_st = p->v.st, a.v_sh = p->v.sh;
+    a.seqlens = p->kv_seqlens;
+    a.block_table = p->block_table;
+    a.bt_stride = p->bt_stride;
+    a.page_size = (int)p->page_size;
+    a.page_shift = -1;
+    for (int sh = 0; sh < 31; sh++)
+        if (p->page_size == (int64_t)1 << sh) a.page_shift = sh;
+    a.num_pages = (int)p->num_pages;
+    a.capacity = (int)p->seqlen_k;
+    a.seqlen_new = (int)p->seqlen_new;
+    a.seqlen_q = (int)p->seqlen_q;
+    a.group = (int)p->group;
+    a.heads_q = (int)p->heads_q;
+    a.d = (int)p->d;
+    a.rows = (int)(p->group * p->seqlen_q);
+    a.m = fa::score_mods_of(p);
+    a.num_splits = pl.splits;
+    a.chunk = pl.chunk;
+    a.o = p->o.data;
+    a.o_sb = p->o.sb, a.o_st = p->o.st, a.o_sh = p->o.sh;
+    a.lse = (float *)p->lse;
+    a.lse_sb = p->lse_sb, a.lse_sh = p->lse_sh, a.lse_st = p->lse_st;
+    const size_t part_rows = (size_t)pl.splits * p->batch * p->seqlen_q * p->heads_q;
+    if (pl.splits > 1) {
+        a.part_o = (float *)(((uintptr_t)l->ws + 255) & ~(uintptr_t)255);
+        a.part_lse = a.part_o + part_rows * p->d;
+    }
+    const cudaStream_t st = (cudaStream_t)l->stream;
+    const bool bf = p->dtype == FA_DTYPE_BF16;
+    cudaError_t e = cudaSuccess;
+
+    if (p->k_new.data && p->seqlen_new > 0) {
+        const int64_t n = p->batch * p->seqlen_new * p->heads_kv * (p->d / 8);
+        const int blocks = (int)((n + 255) / 256);
+        if (bf)
+            append_kernel<__nv_bfloat16><<<blocks, 256, 0, st>>>(
+                a, p->k_new.data, p->v_new.data, p->k_new.sb, p->k_new.st, p->k_new.sh,
+                p->v_new.sb, p->v_new.st, p->v_new.sh, (int)p->heads_kv, (int)p->batch);
+        else
+            append_kernel<__half><<<blocks, 256, 0, st>>>(
+                a, p->k_new.data, p->v_new.data, p->k_new.sb, p->k_new.st, p->k_new.sh,
+                p->v_new.sb, p->v_new.st, p->v_new.sh, (int)p->heads_kv, (int)p->batch);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess)
+        e = bf ? run_dim<__nv_bfloat16>(D, a, pl.row_blocks, (int)p->heads_kv, (int)p->batch, st)
+               : run_dim<__half>(D, a, pl.row_blocks, (int)p->heads_kv, (int)p->batch, st);
+    snprintf(l->kernel, sizeof l->kernel, "sm80_fwd_kvcache_d%d_%s%s%s", D, fa_dtype_name(p->dtype),
+             p->block_table ? "_paged" : "", pl.splits > 1 ? "_split" : "");
+    l->tile_q = 16;
+    l->tile_k = key_step(D);
+    l->threads = 128;
+    *splits_used = pl.splits;
+    if (e != cudaSuccess) {
+        snprintf(l->msg, sizeof l->msg, "%s: %s", l->kernel, cudaGetErrorString(e));
+        return FA_ERR_CUDA;
+    }
+    if (pl.splits == 1) return FA_OK;
+
+    fa_cuda_merge_args m;
+    memset(&m, 0, sizeof m);
+    m.n = pl.splits;
+    m.batch = p->batch;
+    m.seqlen = p->seqlen_q;
+    m.heads = p->heads_q;
+    m.d = p->d;
+    m.o = p->o.data;
+    m.sb = p->o.sb, m.st = p->o.st, m.sh = p->o.sh;
+    m.lse = (float *)p->lse;
+    m.lse_sb = p->lse_sb, m.lse_sh = p->lse_sh, m.lse_st = p->lse_st;
+    const int64_t per = p->batch * p->seqlen_q * p->heads_q;
+    fa_cuda_merge_part *pt = &m.parts[0];
+    pt->o = a.part_o;
+    pt->sh = p->d;
+    pt->st = p->heads_q * p->d;
+    pt->sb = p->seqlen_q * p->heads_q * p->d;
+    pt->lse = a.part_lse;
+    pt->lse_st = 1;
+    pt->lse_sh = p->seqlen_q;
+    pt->lse_sb = p->heads_q * p->seqlen_q;
+    m.strided = 1;
+    m.o_step = per * p->d;
+    m.lse_step = per;
+    char msg[200];
+    fa_status s = fa_cuda_merge(&m, FA_DTYPE_F32, p->dtype, l->stream, msg, sizeof msg);
+    if (s != FA_OK) snprintf(l->msg, sizeof l->msg, "%s", msg);
+    return s;
+}

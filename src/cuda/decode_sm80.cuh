@@ -1,0 +1,372 @@
+/*
+ * cuda/decode_sm80.cuh — attention of a few query tokens against a KV cache (flash-decoding).
+ *
+ * Decoding reads the whole cache to produce a handful of rows, so it is bound by memory
+ * bandwidth, and batch x kv heads alone rarely fills the GPU. Hence:
+ *   - GQA packing: the group x seqlen_q query rows that share a kv head form one block's rows
+ *     ("packed rows", 16 per block), so each K/V byte is read once per kv head, not per
+ *     query head;
+ *   - split-KV: the keys of a sequence are cut into num_splits chunks computed by separate
+ *     blocks, each writing an fp32 partial output and its LSE; merge_sm80.cu combines them;
+ *   - inside a block the 4 warps take turns over key tiles of BNW keys (split-K across warps,
+ *     unlike the prefill kernel): each warp streams its own tiles through its own
+ *     STAGES-deep ring of shared memory with cp.async (no block barrier in the loop), keeps its own
+ *     running max / sum / output, and the warps are merged once at the end.
+ * Paged caches are read through the block table row by row (a page holds >= 16 rows, a tile
+ * of BNW rows touches at most a few pages). Masks, softcap and ALiBi are those of the prefill
+ * kernel, with the diagonal at c(t) = t + L - seqlen_q for query token t of a sequence of L
+ * keys (cache + appended tokens).
+ */
+#ifndef FA_CUDA_DECODE_SM80_CUH
+#define FA_CUDA_DECODE_SM80_CUH
+
+#include <math.h>
+
+#include "kernels.h"
+#include "ptx.cuh"
+#include "score_mods.cuh"
+
+namespace fa {
+
+struct DecodeArgs {
+    const void *q;
+    const void *k, *v; /* the cache (contiguous [b, t, h, d] or page pool [page, row, h, d]) */
+    int64_t q_sb, q_st, q_sh, k_sb, k_st, k_sh, v_sb, v_st, v_sh;
+    const int *seqlens;     /* [batch] tokens in the cache before the append */
+    const int *block_table; /* NULL: contiguous */
+    int64_t bt_stride;
+    int page_size, num_pages, capacity, seqlen_new;
+    int page_shift;         /* log2(page_size) when it is a power of two, else -1 */
+    int seqlen_q, group, heads_q, d;
+    int rows;               /* group * seqlen_q packed rows per kv head */
+    ScoreMods m;
+    int num_splits, chunk;  /* keys per split (a multiple of the block's key step) */
+    /* results: final (num_splits == 1) ... */
+    void *o;
+    int64_t o_sb, o_st, o_sh;
+    float *lse;
+    int64_t lse_sb, lse_sh, lse_st;
+    /* ... or fp32 partials [split][b][t][h][d] and their LSE [split][b][h][t] */
+    float *part_o, *part_lse;
+};
+
+template <int D_> struct DecodeCfg {
+    static constexpr int D = D_;
+    static constexpr int NW = 4, THREADS = 128;
+    /* keys per warp tile: small tiles keep shared memory per block low enough for several
+       blocks per multiprocessor, whose warps hide each other's latency (one warp per
+       scheduler left the memory system idle between tiles) */
+    static constexpr int BNW = 16;
+    static constexpr int LD = D + 8;
+    static constexpr int TILE = BNW * LD * 2;      /* bytes of one K or V tile */
+    /* tiles of a warp in flight at once, plus one: at d 128 a block takes 109 KB, two per
+       multiprocessor (the split heuristic sizes the grid to whole waves of them) */
+    static constexpr int STAGES = 3;
+    static constexpr int WARP_SMEM = 2 * STAGES * TILE; /* K, V x STAGES buffers */
+    static constexpr size_t SMEM_Q = (size_t)16 * LD * 2;
+    static constexpr size_t SMEM = SMEM_Q + (size_t)NW * WARP_SMEM;
+    /* the final cross-warp merge reuses the tiles: NW x 16 rows x D fp32 + max/sum */
+    static_assert((size_t)NW * 16 * D * 4 + 2 * NW * 16 * 4 <= (size_t)NW * WARP_SMEM,
+                  "merge scratch fits in the K/V buffers");
+};
+
+/* Row address of cache token j of sequence b, head hk (contiguous or paged). */
+__device__ __forceinline__ const char *cache_row(const DecodeArgs &a, const void *base,
+                                                 int64_t sb, int64_t st, int64_t sh, int b,
+                                                 int j, int hk, int esz) {
+    int64_t off;
+    if (a.block_table) {
+        /* shifts for the usual power-of-two pages: a run-time division costs ~20 instructions,
+           paid for every row of every tile */
+        const int pi = a.page_shift >= 0 ? j >> a.page_shift : j / a.page_size;
+        const int pr = a.page_shift >= 0 ? j & (a.page_size - 1) : j - pi * a.page_size;
+        /* clamped: with device checks off a bad table must not send reads out of the pool */
+        const int page = min(max(a.block_table[b * a.bt_stride + pi], 0), a.num_pages - 1);
+        off = (int64_t)page * sb + (int64_t)pr * st;
+    } else {
+        off = (int64_t)b * sb + (int64_t)j * st;
+    }
+    return (const char *)base + (off + (int64_t)hk * sh) * esz;
+}
+
+/* One warp issues cp.async for keys [j0, j0 + BNW) of K and V (rows past `end` zero-filled). */
+template <typename T, typename C>
+__device__ __forceinline__ void decode_load(const DecodeArgs &a, uint32_t sk, uint32_t sv, int b,
+                                            int hk, int j0, int end, int lane) {
+    constexpr int CPR = C::D / 8;
+#pragma unroll
+    for (int c = lane; c < C::BNW * CPR; c += 32) {
+        const int r = c / CPR, x = c % CPR, j = j0 + r;
+        const bool ok = j < end && x * 8 < a.d;
+        const char *ks = ok ? cache_row(a, a.k, a.k_sb, a.k_st, a.k_sh, b, j, hk, sizeof(T)) + x * 16
+                            : (const char *)a.k;
+        const char *vs = ok ? cache_row(a, a.v, a.v_sb, a.v_st, a.v_sh, b, j, hk, sizeof(T)) + x * 16
+                            : (const char *)a.v;
+        const uint32_t so = (uint32_t)(r * C::LD + x * 8) * 2;
+        cp_async16(sk + so, ks, ok);
+        cp_async16(sv + so, vs, ok);
+    }
+    cp_async_commit();
+}
+
+/* grid: (row blocks * num_splits, heads_kv, batch) */
+template <typename T, typename C>
+__global__ void __launch_bounds__(C::THREADS) decode_sm80_kernel(const __grid_constant__ DecodeArgs a) {
+    constexpr int D = C::D, LD = C::LD, BNW = C::BNW, DT = D / 8, NT = BNW / 8;
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+    const int split = blockIdx.x % a.num_splits, rb = blockIdx.x / a.num_splits;
+    const int hk = blockIdx.y, b = blockIdx.z;
+    /* clamped to the capacity, for the same reason */
+    const int L = min(max(a.seqlens[b], 0) + a.seqlen_new, a.capacity);
+    const int row0 = rb * 16;
+    const int diag = L - a.seqlen_q;
+
+    /* packed row r -> query token r / group, query head hk * group + r % group */
+    const uint32_t sQ = smem_addr(smem);
+    for (int c = tid; c < 16 * (D / 8); c += C::THREADS) {
+        const int r = c / (D / 8), x = c % (D / 8), pr = row0 + r;
+        const bool ok = pr < a.rows && x * 8 < a.d;
+        const int t = pr / a.group, h = hk * a.group + pr % a.group;
+        const char *src = ok ? (const char *)a.q +
+                                   ((int64_t)b * a.q_sb + (int64_t)t * a.q_st + (int64_t)h * a.q_sh) * sizeof(T) + x * 16
+                             : (const char *)a.q;
+        cp_async16(sQ + (uint32_t)(r * LD + x * 8) * 2, src, ok);
+    }
+    cp_async_commit();
+
+    /* this split's keys, and the part every row can see at all: [lo(first), hi(last)) */
+    const int k_begin = split * a.chunk, k_end = min(L, k_begin + a.chunk);
+    const int last_row = min(row0 + 15, a.rows - 1);
+    auto lo_of = [&](int pr) {
+        const int c = pr / a.group + diag;
+        return a.m.win_left < 0 ? 0 : max(0, c - a.m.win_left);
+    };
+    auto hi_of = [&](int pr) {
+        const int c = pr / a.group + diag;
+        return a.m.win_right < 0 ? L : min(L, c + a.m.win_right + 1);
+    };
+    const int kb = max(k_begin, lo_of(row0)), ke = min(k_end, hi_of(last_row));
+
+    const uint32_t wbase = sQ + (uint32_t)C::SMEM_Q + warp * C::WARP_SMEM;
+    auto kbuf = [&](int i) { return wbase + (uint32_t)(i % C::STAGES) * 2 * C::TILE; };
+    auto vbuf = [&](int i) { return kbuf(i) + C::TILE; };
+
+    /* tiles of this warp: kb + (warp + 4 i) * BNW */
+    const int step = C::NW * BNW;
+    const int first = kb + warp * BNW;
+    int ntiles = first < ke ? (ke - first + step - 1) / step : 0;
+
+    float acc[DT][4];
+#pragma unroll
+    for (int j = 0; j < DT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    const bool fancy = a.m.softcap > 0.f || a.m.alibi != nullptr;
+
+    /* the first STAGES - 1 tiles in flight, one cp.async group each (empty past the end) */
+#pragma unroll
+    for (int i = 0; i < C::STAGES - 1; i++) {
+        if (i < ntiles) decode_load<T, C>(a, kbuf(i), vbuf(i), b, hk, first + i * step, ke, lane);
+        else cp_async_commit();
+    }
+    cp_async_wait<C::STAGES - 1>(); /* the Q group */
+    __syncthreads(); /* Q visible to every warp */
+
+    const uint32_t q_off = ((lane & 15) * LD + (lane >> 4) * 8) * 2;
+    const uint32_t k_off = ((((lane >> 4) << 3) + (lane & 7)) * LD + ((lane >> 3) & 1) * 8) * 2;
+    const uint32_t v_off = (((((lane >> 3) & 1) << 3) + (lane & 7)) * LD + (lane >> 4) * 8) * 2;
+    /* per-thread rows g and g + 8: their key ranges and ALiBi slopes */
+    int lo_r[2], hi_r[2], c_r[2];
+    float slope_r[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int pr = min(row0 + g + hr * 8, a.rows - 1);
+        lo_r[hr] = lo_of(pr);
+        hi_r[hr] = hi_of(pr);
+        c_r[hr] = pr / a.group + diag;
+        const int h = hk * a.group + pr % a.group;
+        slope_r[hr] = alibi_slope_log2(a.m, b, h);
+    }
+
+    for (int i = 0; i < ntiles; i++) {
+        const int j0 = first + i * step;
+        const int ahead = i + C::STAGES - 1;
+        if (ahead < ntiles)
+            decode_load<T, C>(a, kbuf(ahead), vbuf(ahead), b, hk, first + ahead * step, ke, lane);
+        else
+            cp_async_commit();
+        cp_async_wait<C::STAGES - 1>(); /* tile i landed (this lane's part) */
+        __syncwarp();                   /* ... and every lane's */
+        const uint32_t sK = kbuf(i), sV = vbuf(i);
+
+        float s[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            uint32_t qa[4];
+            ldmatrix_x4(sQ + q_off + kk * 32, qa[0], qa[1], qa[2], qa[3]);
+#pragma unroll
+            for (int j = 0; j < NT / 2; j++) {
+                uint32_t b0, b1, b2, b3;
+                ldmatrix_x4(sK + k_off + (j * 16 * LD + kk * 16) * 2, b0, b1, b2, b3);
+                mma16816<T>(s[2 * j], qa, b0, b1);
+                mma16816<T>(s[2 * j + 1], qa, b2, b3);
+            }
+        }
+        float mul = a.m.scale_log2;
+        const bool edge = !(j0 >= lo_r[0] && j0 >= lo_r[1] && j0 + BNW <= hi_r[0] &&
+                            j0 + BNW <= hi_r[1] && j0 + BNW <= ke);
+        if (fancy || __any_sync(0xffffffffu, edge)) {
+            mul = 1.f;
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int hr = e >> 1, col = j0 + j * 8 + t4 * 2 + (e & 1);
+                    const float x = score_log2(a.m, s[j][e], slope_r[hr], c_r[hr], col);
+                    s[j][e] = (col >= lo_r[hr] && col < hi_r[hr] && col < ke) ? x : -INFINITY;
+                }
+        }
+        uint32_t pa[BNW / 16][4];
+        float alpha[2];
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < NT; j++) mx = fmaxf(mx, fmaxf(s[j][2 * hr], s[j][2 * hr + 1]));
+            mx = quad_max(mx) * mul;
+            const float m_new = fmaxf(m[hr], mx);
+            const float m_use = m_new == -INFINITY ? 0.f : m_new;
+            alpha[hr] = fast_exp2(m[hr] - m_use);
+            m[hr] = m_new;
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                const float p0 = fast_exp2(fmaf(s[j][2 * hr], mul, -m_use));
+                const float p1 = fast_exp2(fmaf(s[j][2 * hr + 1], mul, -m_use));
+                sum += p0 + p1;
+                pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(p0, p1);
+            }
+            l[hr] = l[hr] * alpha[hr] + sum;
+        }
+#pragma unroll
+        for (int j = 0; j < DT; j++) {
+            acc[j][0] *= alpha[0];
+            acc[j][1] *= alpha[0];
+            acc[j][2] *= alpha[1];
+            acc[j][3] *= alpha[1];
+        }
+#pragma unroll
+        for (int kk = 0; kk < BNW / 16; kk++)
+#pragma unroll
+            for (int j = 0; j < DT / 2; j++) {
+                uint32_t b0, b1, b2, b3;
+                ldmatrix_x4_trans(sV + v_off + (kk * 16 * LD + j * 16) * 2, b0, b1, b2, b3);
+                mma16816<T>(acc[2 * j], pa[kk], b0, b1);
+                mma16816<T>(acc[2 * j + 1], pa[kk], b2, b3);
+            }
+        __syncwarp(); /* this buffer is refilled STAGES - 1 tiles from now */
+    }
+
+    /* merge the 4 warps through shared memory (reusing the K/V buffers) */
+    __syncthreads();
+    float *so = (float *)(smem + C::SMEM_Q);              /* [NW][16][D] */
+    float *sm = so + C::NW * 16 * D, *sl = sm + C::NW * 16; /* [NW][16] */
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int r = g + hr * 8;
+        const float lt = quad_sum(l[hr]);
+        if (t4 == 0) {
+            sm[warp * 16 + r] = m[hr];
+            sl[warp * 16 + r] = lt;
+        }
+#pragma unroll
+        for (int j = 0; j < DT; j++) {
+            so[(warp * 16 + r) * D + j * 8 + t4 * 2] = acc[j][2 * hr];
+            so[(warp * 16 + r) * D + j * 8 + t4 * 2 + 1] = acc[j][2 * hr + 1];
+        }
+    }
+    __syncthreads();
+
+    /* thread -> (row, 8 columns): rows of this block, D / 8 column groups */
+    for (int c = tid; c < 16 * (D / 8); c += C::THREADS) {
+        const int r = c / (D / 8), x = (c % (D / 8)) * 8, pr = row0 + r;
+        if (pr >= a.rows || x >= a.d) continue;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < C::NW; w++) M = fmaxf(M, sm[w * 16 + r]);
+        const float Mu = M == -INFINITY ? 0.f : M;
+        float wsum = 0.f, wt[C::NW];
+#pragma unroll
+        for (int w = 0; w < C::NW; w++) {
+            wt[w] = fast_exp2(sm[w * 16 + r] - Mu);
+            wsum += wt[w] * sl[w * 16 + r];
+        }
+        const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+        float out[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            float v = 0.f;
+#pragma unroll
+            for (int w = 0; w < C::NW; w++) v += wt[w] * so[(w * 16 + r) * D + x + e];
+            out[e] = v * inv;
+        }
+        const float lse = wsum > 0.f ? Mu * 0.6931471805599453f + logf(wsum) : -INFINITY;
+        const int t = pr / a.group, h = hk * a.group + pr % a.group;
+        if (a.num_splits == 1) {
+            T *dst = (T *)a.o + (int64_t)b * a.o_sb + (int64_t)t * a.o_st + (int64_t)h * a.o_sh + x;
+            uint4 pk;
+            pk.x = pack2<T>(out[0], out[1]);
+            pk.y = pack2<T>(out[2], out[3]);
+            pk.z = pack2<T>(out[4], out[5]);
+            pk.w = pack2<T>(out[6], out[7]);
+            *(uint4 *)dst = pk;
+            if (a.lse && x == 0)
+                a.lse[(int64_t)b * a.lse_sb + (int64_t)h * a.lse_sh + (int64_t)t * a.lse_st] = lse;
+        } else {
+            const int64_t row = (((int64_t)split * gridDim.z + b) * a.seqlen_q + t) * a.heads_q + h;
+            float4 *dst = (float4 *)(a.part_o + row * a.d + x);
+            dst[0] = make_float4(out[0], out[1], out[2], out[3]);
+            dst[1] = make_float4(out[4], out[5], out[6], out[7]);
+            if (x == 0)
+                a.part_lse[(((int64_t)split * gridDim.z + b) * a.heads_q + h) * a.seqlen_q + t] = lse;
+        }
+    }
+}
+
+template <typename T, int D>
+cudaError_t decode_sm80_run(const DecodeArgs &a, int row_blocks, int heads_kv, int batch,
+                            cudaStream_t st);
+/* Blocks of the kernel for head dim D that fit on one multiprocessor (0 on error). */
+template <typename T, int D> int decode_sm80_occupancy();
+
+#define FA_DECODE_SM80_DEFINE(T, D_)                                                          \
+    template <>                                                                               \
+    cudaError_t decode_sm80_run<T, D_>(const DecodeArgs &a, int row_blocks, int heads_kv,     \
+                                       int batch, cudaStream_t st) {                          \
+        using C = DecodeCfg<D_>;                                                              \
+        auto kern = decode_sm80_kernel<T, C>;                                                 \
+        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                             (int)C::SMEM);                                   \
+        if (e != cudaSuccess) return e;                                                       \
+        kern<<<dim3(row_blocks * a.num_splits, heads_kv, batch), C::THREADS, C::SMEM, st>>>(a); \
+        return cudaGetLastError();                                                            \
+    }                                                                                         \
+    template <> int decode_sm80_occupancy<T, D_>() {                                          \
+        using C = DecodeCfg<D_>;                                                              \
+        auto kern = decode_sm80_kernel<T, C>;                                                 \
+        int n = 0;                                                                            \
+        if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,           \
+                                 (int)C::SMEM) != cudaSuccess ||                              \
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, C::THREADS, C::SMEM) !=   \
+                cudaSuccess) {                                                                \
+            cudaGetLastError();                                                               \
+            return 0;                                                                         \
+        }                                                                                     \
+        return n;                                                                             \
+    }
+
+} // namespace fa
+
+#endif

@@ -1,0 +1,7 @@
+/* cuda/fwd_sm80_d32.cu — the sm80 forward kernels for head dim 32 (see fwd_sm80.cuh). */
+#include "fwd_sm80.cuh"
+
+namespace fa {
+FA_FWD_SM80_DEFINE(__half, 32)
+FA_FWD_SM80_DEFINE(__nv_bfloat16, 32)
+} // namespace fa

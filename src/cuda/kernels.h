@@ -1,0 +1,63 @@
+/*
+ * cuda/kernels.h — the contract between the CUDA backend's host side (backend.c, plain C) and
+ * its kernel launchers (*.cu). The host side has validated the problem (fa_problem of
+ * internal.h: device pointers, strides in elements, resolved options) and checked what every
+ * launcher needs: dtype f16/bf16, head dim a multiple of 8 up to 256, 16-byte aligned rows
+ * (base pointers and the three outer strides of every operand multiples of 8 elements). A
+ * launcher picks its kernel variant, queues it on l->stream and fills the rest of *l.
+ */
+#ifndef FA_CUDA_KERNELS_H
+#define FA_CUDA_KERNELS_H
+
+#include <stddef.h>
+
+#include "../internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fa_cuda_launch {
+    /* in */
+    void *stream;      /* cudaStream_t */
+    int num_sms;       /* multiprocessors of the current device */
+    int cc;            /* compute capability, major * 10 + minor (80, 86, 89, 90, ...) */
+    size_t smem_optin; /* largest dynamic shared memory per block the device allows */
+    void *ws;          /* device workspace of at least the size the *_workspace function gave */
+    size_t ws_bytes;
+    /* out */
+    char kernel[64];   /* e.g. "sm80_fwd_d128_bf16_causal" */
+    int tile_q, tile_k, threads;
+    char msg[256];     /* on failure: what went wrong */
+} fa_cuda_launch;
+
+/* Head dims the kernels are compiled for; a call with another d (a multiple of 8) runs the
+   next larger one with the extra columns zero-filled on load and not stored. */
+int fa_cuda_kernel_dim(int64_t d); /* 0 when d > 256 */
+
+/* Checks device cu_seqlens (cuda/varlen_check.cu) using 16 bytes of ws; synchronises the
+   stream. Returns FA_ERR_VARLEN (with msg) for a bad array, else the longest sequences. */
+fa_status fa_cuda_varlen_check(const fa_problem *p, int64_t total_q, int64_t total_k, void *ws,
+                               void *stream, int64_t *max_q, int64_t *max_k, char *msg,
+                               size_t msg_len);
+
+/* KV-cache attention (cuda/decode_sm80.cu): workspace for the split partials, the device
+   check of seqlens/block_table (16 bytes of ws; synchronises the stream), and the launch of
+   append + decode (+ merge); *splits_used gets the split count. */
+size_t fa_sm80_kvcache_workspace(const fa_problem *p, const fa_cuda_launch *l);
+fa_status fa_sm80_kvcache_check(const fa_problem *p, void *ws, void *stream, char *msg,
+                                size_t len);
+fa_status fa_sm80_fwd_kvcache(const fa_problem *p, fa_cuda_launch *l, int *splits_used);
+
+/* Forward (cuda/fwd_sm80.cu). Workspace: none. */
+fa_status fa_sm80_fwd(const fa_problem *p, fa_cuda_launch *l);
+
+/* Backward (cuda/bwd_sm80.cu): bytes of device workspace (fp32 dQ accumulator, D = rowsum(dO*O),
+   GQA dK/dV accumulators, ...), and the launch of its kernels in order on l->stream. */
+size_t fa_sm80_bwd_workspace(const fa_problem *p, const fa_cuda_launch *l);
+fa_status fa_sm80_bwd(const fa_problem *p, fa_cuda_launch *l);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,464 @@
+/*
+ * dispatch.c — the one door to every backend. It validates the public arguments (so that no
+ * kernel ever sees a bad one and nothing is written on error), flattens them into an
+ * fa_problem, finds the workspace, and calls the context's backend, which chooses the kernel
+ * and records it. FLASHATTN_LOG=1 prints each record.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "validate.h"
+
+#ifndef FLASHATTN_WITH_CUDA
+int fa_has_cuda(void) { return 0; }
+const fa_backend_ops *fa_cuda_backend_get(void) { return NULL; }
+const char *fa_cuda_unavailable(void) { return "this build has no CUDA backend"; }
+int fa_cuda_kernel_count(void) { return 0; }
+const char *fa_cuda_kernel_name(int i) { return NULL; }
+#endif
+
+int fa_kernel_count(void) { return fa_cpu_kernel_count() + fa_cuda_kernel_count(); }
+
+const char *fa_kernel_name(int i) {
+    int ncpu = fa_cpu_kernel_count();
+    if (i < 0 || i >= fa_kernel_count()) return NULL;
+    return i < ncpu ? fa_cpu_kernel_name(i) : fa_cuda_kernel_name(i - ncpu);
+}
+
+/* ---- the checks of validate.h ---- */
+
+/* One tensor's pointer, rank, sizes and strides, and that its byte span fits the address
+   space. `last_unit` requires stride 1 on the last dimension. */
+static fa_status check_tensor(fa_call *c, const char *name, const fa_tensor *t, int ndim,
+                              int last_unit, fa_span *sp) {
+    if (!t) return fa_fail(c->ctx, FA_ERR_NULL_POINTER, "%s: %s is NULL", c->fn, name);
+    if (t->ndim != ndim)
+        return fa_fail(c->ctx, FA_ERR_SHAPE, "%s: %s has ndim %d, expected %d", c->fn, name,
+                       t->ndim, ndim);
+    if (!t->data) return fa_fail(c->ctx, FA_ERR_NULL_POINTER, "%s: %s->data is NULL", c->fn, name);
+    size_t es = fa_dtype_size(t->dtype);
+    if (es == 0)
+        return fa_fail(c->ctx, FA_ERR_DTYPE, "%s: %s has unknown dtype %d", c->fn, name,
+                       (int)t->dtype);
+    int64_t extent = 0; /* offset of the last element, in elements */
+    for (int i = 0; i < ndim; i++) {
+        if (t->shape[i] < 1)
+            return fa_fail(c->ctx, FA_ERR_SHAPE, "%s: %s->shape[%d] = %lld, must be >= 1", c->fn,
+                           name, i, (long long)t->shape[i]);
+        if (last_unit && i == ndim - 1 && t->stride[i] != 1)
+            return fa_fail(c->ctx, FA_ERR_STRIDE,
+                           "%s: %s->stride[%d] = %lld, the last dimension must be contiguous "
+                           "(stride 1)",
+                           c->fn, name, i, (long long)t->stride[i]);
+        if (t->stride[i] < 1)
+            return fa_fail(c->ctx, FA_ERR_STRIDE, "%s: %s->stride[%d] = %lld, must be >= 1",
+                           c->fn, name, i, (long long)t->stride[i]);
+        int64_t step;
+        if (__builtin_mul_overflow(t->shape[i] - 1, t->stride[i], &step) ||
+            __builtin_add_overflow(extent, step, &extent))
+            return fa_fail(c->ctx, FA_ERR_OVERFLOW,
+                           "%s: %s spans more than 2^63 elements (shape[%d] = %lld, stride %lld)",
+                           c->fn, name, i, (long long)t->shape[i], (long long)t->stride[i]);
+    }
+    uint64_t bytes;
+    uintptr_t end;
+    if (__builtin_mul_overflow((uint64_t)extent + 1, (uint64_t)es, &bytes) ||
+        bytes > (uint64_t)SIZE_MAX || __builtin_add_overflow((uintptr_t)t->data, bytes, &end))
+        return fa_fail(c->ctx, FA_ERR_OVERFLOW,
+                       "%s: %s spans %lld elements of %zu bytes, beyond the address space", c->fn,
+                       name, (long long)extent + 1, es);
+    /* every element count the kernels form (batch * seqlen * heads ...) must fit too */
+    int64_t numel = 1;
+    for (int i = 0; i < ndim; i++)
+        if (__builtin_mul_overflow(numel, t->shape[i], &numel))
+            return fa_fail(c->ctx, FA_ERR_OVERFLOW, "%s: %s has more than 2^63 elements", c->fn,
+                           name);
+    sp->lo = (uintptr_t)t->data;
+    sp->hi = end;
+    return FA_OK;
+}
+
+fa_status fa_check_tensors(fa_call *c, fa_arg *a, int n, int nd) {
+    for (int i = 0; i < n; i++)
+        FA_TRY(check_tensor(c, a[i].name, a[i].t, a[i].is_lse ? nd - 1 : nd, !a[i].is_lse,
+                            &a[i].sp));
+    return FA_OK;
+}
+
+fa_status fa_check_dtypes(fa_call *c, const fa_arg *a, int n) {
+    fa_context *ctx = c->ctx;
+    fa_dtype dt = a[0].t->dtype;
+    for (int i = 1; i < n; i++)
+        if (!a[i].is_lse && a[i].t->dtype != dt)
+            return fa_fail(ctx, FA_ERR_DTYPE, "%s: %s is %s but %s is %s; they must match", c->fn,
+                           a[i].name, fa_dtype_name(a[i].t->dtype), a[0].name, fa_dtype_name(dt));
+    if (dt == FA_DTYPE_F8_E4M3)
+        return fa_fail(ctx, FA_ERR_DTYPE, "%s: dtype f8e4m3 is not supported by the %s backend",
+                       c->fn, ctx->ops->name);
+    if (dt == FA_DTYPE_F64 && ctx->algo != FA_ALGO_NAIVE)
+        return fa_fail(ctx, FA_ERR_DTYPE,
+                       "%s: dtype f64 is accepted only by the FA_ALGO_NAIVE reference", c->fn);
+    fa_dtype want = dt == FA_DTYPE_F64 ? FA_DTYPE_F64 : FA_DTYPE_F32;
+    for (int i = 0; i < n; i++)
+        if (a[i].is_lse && a[i].t->dtype != want)
+            return fa_fail(ctx, FA_ERR_DTYPE, "%s: %s is %s, must be %s", c->fn, a[i].name,
+                           fa_dtype_name(a[i].t->dtype), fa_dtype_name(want));
+    return FA_OK;
+}
+
+fa_status fa_check_devices(fa_call *c, const fa_arg *a, int n) {
+    fa_context *ctx = c->ctx;
+    fa_device dev = a[0].t->device;
+    if (dev != FA_DEVICE_CPU && dev != FA_DEVICE_CUDA)
+        return fa_fail(ctx, FA_ERR_DEVICE, "%s: %s has unknown device %d", c->fn, a[0].name,
+                       (int)dev);
+    for (int i = 1; i < n; i++)
+        if (a[i].t->device != dev)
+            return fa_fail(ctx, FA_ERR_DEVICE, "%s: %s is on %s but %s is on %s", c->fn,
+                           a[i].name, fa_device_name(a[i].t->device), a[0].name,
+                           fa_device_name(dev));
+    fa_device want_dev = ctx->ops == &fa_cpu_backend ? FA_DEVICE_CPU : FA_DEVICE_CUDA;
+    if (dev != want_dev)
+        return fa_fail(ctx, FA_ERR_DEVICE, "%s: tensors are on %s but the context's backend is %s",
+                       c->fn, fa_device_name(dev), ctx->ops->name);
+    return FA_OK;
+}
+
+fa_status fa_check_overlaps(fa_call *c, const fa_arg *a, int n) {
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n && a[i].out; j++)
+            if (a[j].out != a[i].out && fa_spans_overlap(a[i].sp, a[j].sp))
+                return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT, "%s: output %s overlaps %s %s",
+                               c->fn, a[i].name, a[j].out ? "output" : "input", a[j].name);
+    return FA_OK;
+}
+
+fa_status fa_check_same_shape(fa_call *c, const char *an, const fa_tensor *a, const char *bn,
+                              const fa_tensor *b) {
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i])
+            return fa_fail(c->ctx, FA_ERR_SHAPE, "%s: %s->shape[%d] = %lld but %s->shape[%d] = %lld",
+                           c->fn, bn, i, (long long)b->shape[i], an, i, (long long)a->shape[i]);
+    return FA_OK;
+}
+
+/* Varlen prefix sums on the host: start at 0, never decrease, end at the token count. */
+static fa_status check_cu(fa_call *c, const char *name, const int32_t *cu, int64_t batch,
+                          int64_t total, int64_t *max_len) {
+    if (cu[0] != 0)
+        return fa_fail(c->ctx, FA_ERR_VARLEN, "%s: %s[0] = %d, must be 0", c->fn, name, cu[0]);
+    int64_t mx = 0;
+    for (int64_t b = 0; b < batch; b++) {
+        int64_t len = (int64_t)cu[b + 1] - cu[b];
+        if (len < 0)
+            return fa_fail(c->ctx, FA_ERR_VARLEN, "%s: %s decreases at %lld (%d -> %d)", c->fn,
+                           name, (long long)b, cu[b], cu[b + 1]);
+        if (len > mx) mx = len;
+    }
+    if (cu[batch] != total)
+        return fa_fail(c->ctx, FA_ERR_VARLEN,
+                       "%s: %s[batch=%lld] = %d but the tensors hold %lld tokens", c->fn, name,
+                       (long long)batch, cu[batch], (long long)total);
+    *max_len = mx;
+    return FA_OK;
+}
+
+fa_operand fa_operand_of(const fa_tensor *t, int varlen) {
+    fa_operand o;
+    o.data = t->data;
+    if (varlen) {
+        o.sb = 0;
+        o.st = t->stride[0];
+        o.sh = t->stride[1];
+    } else {
+        o.sb = t->stride[0];
+        o.st = t->stride[1];
+        o.sh = t->stride[2];
+    }
+    return o;
+}
+
+fa_status fa_check_options(fa_call *c, fa_problem *pr) {
+    const fa_params *p = c->p;
+    if (!(p->softmax_scale >= 0) || isinf(p->softmax_scale))
+        return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT,
+                       "%s: softmax_scale = %g, must be finite and >= 0 (0: 1/sqrt(head_dim))",
+                       c->fn, (double)p->softmax_scale);
+    if (!(p->softcap >= 0) || isinf(p->softcap))
+        return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT,
+                       "%s: softcap = %g, must be finite and >= 0 (0: off)", c->fn,
+                       (double)p->softcap);
+    if (p->window_left < -1 || p->window_right < -1)
+        return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT,
+                       "%s: window (%lld, %lld): each side must be >= 0, or -1 for unbounded",
+                       c->fn, (long long)p->window_left, (long long)p->window_right);
+    if (p->alibi_batch_stride < 0)
+        return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT, "%s: alibi_batch_stride = %lld < 0",
+                       c->fn, (long long)p->alibi_batch_stride);
+    if (p->alibi_slopes && p->alibi_batch_stride > 0 && p->alibi_batch_stride < pr->heads_q)
+        return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT,
+                       "%s: alibi_batch_stride = %lld is shorter than a row of %lld slopes", c->fn,
+                       (long long)p->alibi_batch_stride, (long long)pr->heads_q);
+    pr->scale = p->softmax_scale > 0 ? p->softmax_scale : (float)(1.0 / sqrt((double)pr->d));
+    pr->softcap = p->softcap;
+    pr->win_left = p->window_left;
+    pr->win_right = p->causal ? 0 : p->window_right;
+    /* a causal call with window_right > 0 asks for two different things */
+    if (p->causal && p->window_right > 0)
+        return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT,
+                       "%s: causal = 1 with window_right = %lld; causal means window_right 0",
+                       c->fn, (long long)p->window_right);
+    pr->causal = p->causal != 0;
+    pr->alibi = p->alibi_slopes;
+    pr->alibi_sb = p->alibi_batch_stride;
+    pr->deterministic = p->deterministic != 0;
+    return FA_OK;
+}
+
+/* Everything fa_fwd and fa_bwd check, in one place; fills *pr on success. */
+static fa_status validate(fa_call *c, fa_problem *pr) {
+    fa_context *ctx = c->ctx;
+    const fa_params *p = c->p;
+    memset(pr, 0, sizeof *pr);
+    int varlen = p->cu_seqlens_q || p->cu_seqlens_k;
+    int nd = varlen ? 3 : 4;
+    if (varlen && !(p->cu_seqlens_q && p->cu_seqlens_k))
+        return fa_fail(ctx, FA_ERR_VARLEN, "%s: %s is NULL; varlen needs both cu_seqlens_q and _k",
+                       c->fn, p->cu_seqlens_q ? "cu_seqlens_k" : "cu_seqlens_q");
+
+    /* The tensors of this call in one list: name, view, role. LSE is an output of the
+       forward and an input of the backward; it is the only one with rank 2/3 and free strides. */
+    fa_arg a[9];
+    int n = 0;
+#define ARG(nm, tensor, is_out, lse_)                                                         \
+    do {                                                                                      \
+        a[n].name = nm;                                                                       \
+        a[n].t = tensor;                                                                      \
+        a[n].out = is_out;                                                                    \
+        a[n].is_lse = lse_;                                                                   \
+        n++;                                                                                  \
+    } while (0)
+    ARG("q", c->q, 0, 0);
+    ARG("k", c->k, 0, 0);
+    ARG("v", c->v, 0, 0);
+    ARG("out", c->out, !c->bwd, 0);
+    if (c->bwd) {
+        ARG("dout", c->dout, 0, 0);
+        ARG("dq", c->dq, 1, 0);
+        ARG("dk", c->dk, 1, 0);
+        ARG("dv", c->dv, 1, 0);
+    }
+    if (c->lse) ARG("lse", c->lse, !c->bwd, 1);
+#undef ARG
+    FA_TRY(fa_check_tensors(c, a, n, nd));
+    /* one dtype for all attention tensors; LSE is f32 (f64 for the f64 reference) */
+    FA_TRY(fa_check_dtypes(c, a, n));
+    FA_TRY(fa_check_devices(c, a, n));
+    fa_dtype dt = c->q->dtype;
+    fa_device dev = c->q->device;
+
+    /* shapes: q-like and k-like groups, head dim, GQA */
+    const fa_tensor *q = c->q, *k = c->k;
+    int hd = nd - 2, hdim = nd - 1; /* index of the heads and head_dim dimensions */
+    FA_TRY(fa_check_same_shape(c, "k", k, "v", c->v));
+    FA_TRY(fa_check_same_shape(c, "q", q, "out", c->out));
+    if (c->bwd) {
+        FA_TRY(fa_check_same_shape(c, "q", q, "dout", c->dout));
+        FA_TRY(fa_check_same_shape(c, "q", q, "dq", c->dq));
+        FA_TRY(fa_check_same_shape(c, "k", k, "dk", c->dk));
+        FA_TRY(fa_check_same_shape(c, "k", k, "dv", c->dv));
+    }
+    if (q->shape[hdim] != k->shape[hdim])
+        return fa_fail(ctx, FA_ERR_SHAPE, "%s: head_dim of q (%lld) and k (%lld) differ", c->fn,
+                       (long long)q->shape[hdim], (long long)k->shape[hdim]);
+    if (!varlen && q->shape[0] != k->shape[0])
+        return fa_fail(ctx, FA_ERR_SHAPE, "%s: batch of q (%lld) and k (%lld) differ", c->fn,
+                       (long long)q->shape[0], (long long)k->shape[0]);
+    int64_t d = q->shape[hdim];
+    if (d > FA_MAX_HEAD_DIM)
+        return fa_fail(ctx, FA_ERR_HEAD_DIM, "%s: head_dim = %lld, the %s backend takes 1..%d",
+                       c->fn, (long long)d, ctx->ops->name, FA_MAX_HEAD_DIM);
+    int64_t hq = q->shape[hd], hk = k->shape[hd];
+    if (hq % hk != 0)
+        return fa_fail(ctx, FA_ERR_GQA,
+                       "%s: heads_q = %lld is not a multiple of heads_kv = %lld", c->fn,
+                       (long long)hq, (long long)hk);
+
+    pr->dtype = dt;
+    pr->d = d;
+    pr->heads_q = hq;
+    pr->heads_kv = hk;
+    pr->group = hq / hk;
+    if (varlen) {
+        if (p->batch < 1)
+            return fa_fail(ctx, FA_ERR_VARLEN, "%s: varlen call with batch = %lld, must be >= 1",
+                           c->fn, (long long)p->batch);
+        if (p->max_seqlen_q < 0 || p->max_seqlen_k < 0)
+            return fa_fail(ctx, FA_ERR_VARLEN, "%s: max_seqlen_q/k must be >= 0", c->fn);
+        pr->batch = p->batch;
+        pr->cu_q = p->cu_seqlens_q;
+        pr->cu_k = p->cu_seqlens_k;
+        pr->total_q = q->shape[0];
+        pr->total_k = k->shape[0];
+        if (dev == FA_DEVICE_CPU) {
+            int64_t mq, mk;
+            FA_TRY(check_cu(c, "cu_seqlens_q", p->cu_seqlens_q, p->batch, q->shape[0], &mq));
+            FA_TRY(check_cu(c, "cu_seqlens_k", p->cu_seqlens_k, p->batch, k->shape[0], &mk));
+            if ((p->max_seqlen_q && p->max_seqlen_q < mq) || (p->max_seqlen_k && p->max_seqlen_k < mk))
+                return fa_fail(ctx, FA_ERR_VARLEN,
+                               "%s: max_seqlen_q/k = %lld/%lld but the longest sequences are "
+                               "%lld/%lld",
+                               c->fn, (long long)p->max_seqlen_q, (long long)p->max_seqlen_k,
+                               (long long)mq, (long long)mk);
+            pr->seqlen_q = mq;
+            pr->seqlen_k = mk;
+        } else {
+            /* device arrays: the CUDA backend checks their contents itself */
+            pr->seqlen_q = p->max_seqlen_q;
+            pr->seqlen_k = p->max_seqlen_k;
+        }
+    } else {
+        pr->batch = q->shape[0];
+        pr->seqlen_q = q->shape[1];
+        pr->seqlen_k = k->shape[1];
+    }
+    if (c->lse) {
+        const fa_tensor *l = c->lse;
+        int ok = varlen ? (l->shape[0] == hq && l->shape[1] == q->shape[0])
+                        : (l->shape[0] == pr->batch && l->shape[1] == hq && l->shape[2] == pr->seqlen_q);
+        if (!ok)
+            return fa_fail(ctx, FA_ERR_SHAPE, "%s: lse must be [%s] = [%lld, %lld%s%lld]", c->fn,
+                           varlen ? "heads_q, total_q" : "batch, heads_q, seqlen_q",
+                           (long long)(varlen ? hq : pr->batch),
+                           (long long)(varlen ? q->shape[0] : hq), varlen ? "" : ", ",
+                           varlen ? 0LL : (long long)pr->seqlen_q);
+        pr->lse = l->data;
+        pr->lse_sb = varlen ? 0 : l->stride[0];
+        pr->lse_sh = l->stride[varlen ? 0 : 1];
+        pr->lse_st = l->stride[varlen ? 1 : 2];
+    }
+    FA_TRY(fa_check_options(c, pr));
+
+    /* outputs must not overlap inputs (they may overlap each other, as packed dqkv does) */
+    if (!c->query_only) FA_TRY(fa_check_overlaps(c, a, n));
+
+    pr->q = fa_operand_of(q, varlen);
+    pr->k = fa_operand_of(k, varlen);
+    pr->v = fa_operand_of(c->v, varlen);
+    pr->o = fa_operand_of(c->out, varlen);
+    if (c->bwd) {
+        pr->dout = fa_operand_of(c->dout, varlen);
+        pr->dq = fa_operand_of(c->dq, varlen);
+        pr->dk = fa_operand_of(c->dk, varlen);
+        pr->dv = fa_operand_of(c->dv, varlen);
+    }
+    return FA_OK;
+}
+
+/* The workspace for a call: the user's if set (and large enough), else the context's own. */
+static fa_status workspace(fa_context *ctx, const char *fn, size_t need, void **ws, size_t *bytes) {
+    if (ctx->user_ws) {
+        if (need > ctx->user_ws_bytes)
+            return fa_fail(ctx, FA_ERR_WORKSPACE, "%s: needs %zu bytes of workspace, got %zu", fn,
+                           need, ctx->user_ws_bytes);
+        *ws = ctx->user_ws;
+        *bytes = ctx->user_ws_bytes;
+        return FA_OK;
+    }
+    if (need > ctx->own_ws_bytes) {
+        if (ctx->own_ws) ctx->ops->ws_free(ctx->own_ws);
+        ctx->own_ws = NULL;
+        ctx->own_ws_bytes = 0;
+        size_t rounded = (need + 255) & ~(size_t)255;
+        void *m = rounded < need ? NULL : ctx->ops->ws_alloc(rounded);
+        if (!m)
+            return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes of workspace",
+                           fn, need);
+        ctx->own_ws = m;
+        ctx->own_ws_bytes = rounded;
+    }
+    *ws = ctx->own_ws;
+    *bytes = ctx->own_ws_bytes;
+    return FA_OK;
+}
+
+static void log_selection(const fa_context *ctx) {
+    if (!ctx->log) return;
+    const fa_selection *s = &ctx->sel;
+    fprintf(stderr,
+            "flashattn: %s %s kernel=%s tile=%dx%d threads=%d splits=%d workspace=%zu%s%s\n",
+            s->op, s->backend, s->kernel, s->tile_q, s->tile_k, s->threads, s->num_splits,
+            s->workspace_bytes, s->reason[0] ? " refused: " : "", s->reason);
+}
+
+fa_status fa_call_begin(fa_call *c, fa_params *defaults) {
+    fa_context *ctx = c->ctx;
+    if (!ctx) return fa_fail(NULL, FA_ERR_NULL_POINTER, "%s: ctx is NULL", c->fn);
+    ctx->err[0] = 0;
+    ctx->has_selection = 0;
+    *defaults = fa_params_default();
+    if (!c->p) c->p = defaults;
+    return FA_OK;
+}
+
+fa_status fa_call_finish(fa_call *c, const fa_problem *pr, fa_ws_entry ws_entry,
+                         fa_run_entry run_entry, size_t *query_bytes) {
+    fa_context *ctx = c->ctx;
+    size_t need;
+    FA_TRY(ws_entry(ctx, pr, &need));
+    if (c->query_only) {
+        *query_bytes = need;
+        return FA_OK;
+    }
+    void *ws = NULL;
+    size_t ws_bytes = 0;
+    if (need) FA_TRY(workspace(ctx, c->fn, need, &ws, &ws_bytes));
+    FA_TRY(run_entry(ctx, pr, ws, ws_bytes));
+    fa_call_done(ctx);
+    return FA_OK;
+}
+
+void fa_call_done(fa_context *ctx) {
+    ctx->has_selection = 1;
+    log_selection(ctx);
+}
+
+static fa_status run(fa_call *c, size_t *query_bytes) {
+    fa_params defaults;
+    FA_TRY(fa_call_begin(c, &defaults));
+    fa_problem pr;
+    FA_TRY(validate(c, &pr));
+    const fa_backend_ops *ops = c->ctx->ops;
+    return fa_call_finish(c, &pr, c->bwd ? ops->bwd_workspace : ops->fwd_workspace,
+                          c->bwd ? ops->bwd : ops->fwd, query_bytes);
+}
+
+fa_status fa_fwd(fa_context *ctx, const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+                 const fa_params *p, fa_tensor *out, fa_tensor *lse) {
+    fa_call c = {ctx, "fa_fwd", q, k, v, out, lse, NULL, NULL, NULL, NULL, p, 0, 0};
+    return run(&c, NULL);
+}
+
+fa_status fa_bwd(fa_context *ctx, const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
+                 const fa_tensor *out, const fa_tensor *dout, const fa_tensor *lse,
+                 const fa_params *p, fa_tensor *dq, fa_tensor *dk, fa_tensor *dv) {
+    if (ctx && !lse) return fa_fail(ctx, FA_ERR_NULL_POINTER, "fa_bwd: lse is NULL (required)");
+    fa_call c = {ctx, "fa_bwd", q, k, v, out, lse, dout, dq, dk, dv, p, 1, 0};
+    return run(&c, NULL);
+}
+
+/* Workspace queries validate what they are given; the outputs they lack are stood in for by
+   the inputs of the same shape (only shapes are read). */
+fa_status fa_fwd_workspace_size(fa_context *ctx, const fa_tensor *q, const fa_tensor *k,
+                                const fa_tensor *v, const fa_params *p, size_t *bytes) {
+    if (!bytes) return fa_fail(ctx, FA_ERR_NULL_POINTER, "fa_fwd_workspace_size: bytes is NULL");
+    fa_call c = {ctx, "fa_fwd_workspace_size", q, k, v, q, NULL, NULL, NULL, NULL, NULL, p, 0, 1};
+    return run(&c, bytes);
+}
+
+fa_status fa_bwd_workspace_size(fa_context *ctx, const fa_tensor *q, const fa_tensor *k,
+                                const fa_tensor *v, const fa_params *p, size_t *bytes) {
+    if (!bytes) return fa_fail(ctx, FA_ERR_NULL_POINTER, "fa_bwd_workspace_size: bytes is NULL");
+    fa_call c = {ctx, "fa_bwd_workspace_size", q, k, v, q, NULL, q, q, k, v, p, 1, 1};
+    return run(&c, bytes);
+}

@@ -1,0 +1,301 @@
+/*
+ * internal.h — what the dispatcher hands a backend, and the helpers every kernel shares.
+ *
+ * The dispatcher (dispatch.c) validates the public tensors and options once and flattens them
+ * into an fa_problem: base pointers, strides in elements, and resolved options (scale set,
+ * causal folded into the window). Kernels never look at fa_tensor or fa_params.
+ */
+#ifndef FA_INTERNAL_H
+#define FA_INTERNAL_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "flashattn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One strided BSHD/THD operand: element (b, t, h, x) is at data[b*sb + t*st + h*sh + x]. For
+   varlen operands sb is 0 and t is the global token index (cu_seqlens[b] + position). */
+typedef struct fa_operand {
+    void *data;
+    int64_t sb, st, sh;
+} fa_operand;
+
+typedef struct fa_problem {
+    fa_dtype dtype;           /* of q, k, v, o (and do, dq, dk, dv) */
+    int64_t batch, heads_q, heads_kv, d;
+    int64_t group;            /* heads_q / heads_kv */
+    int64_t seqlen_q, seqlen_k; /* BSHD: the lengths; varlen: the maxima */
+    const int32_t *cu_q, *cu_k; /* varlen prefix sums (device of the tensors), NULL for BSHD */
+    int64_t total_q, total_k;   /* varlen: tokens of the THD tensors; BSHD: 0 */
+
+    /* forward inputs and outputs; backward reads o and writes dq/dk/dv */
+    fa_operand q, k, v, o;
+    fa_operand dout, dq, dk, dv; /* backward only */
+    /* LSE: element (b, h, t) at lse[b*lse_sb + h*lse_sh + t*lse_st]; varlen: lse_sb = 0 and t
+       global. NULL when the forward caller did not ask for it. Its dtype is f32, or f64 when
+       dtype is f64. */
+    void *lse;
+    int64_t lse_sb, lse_sh, lse_st;
+
+    float scale;              /* resolved: never 0 */
+    int64_t win_left, win_right; /* resolved: causal folded in; -1 unbounded */
+    float softcap;            /* 0: off */
+    const float *alibi;       /* NULL: off; slope(b, h) = alibi[b*alibi_sb + h] */
+    int64_t alibi_sb;
+    int causal;               /* informational: the caller asked for causal */
+    int deterministic;
+
+    /*
+     * fa_fwd_kvcache only (kv_seqlens NULL otherwise). k and v are then the cache: for a
+     * contiguous cache element (b, t, h) of sequence b's token t; for a paged one element
+     * (page, row, h), token t of sequence b being page block_table[b * bt_stride +
+     * t / page_size], row t % page_size. seqlen_k is the capacity of one sequence (max_len, or
+     * max_pages * page_size): a bound on every total length. Sequence b attends to its
+     * kv_seqlens[b] + seqlen_new keys, after k_new/v_new rows (b, 0..seqlen_new-1) were copied
+     * into the cache at positions kv_seqlens[b].. (when k_new.data is not NULL). kv_seqlens and
+     * block_table live on the tensors' device; the dispatcher has checked their contents
+     * (counts within the capacity, page indices within the pool) only for CPU tensors.
+     */
+    const int32_t *kv_seqlens; /* [batch] tokens in the cache before the append */
+    const int32_t *block_table; /* NULL: contiguous cache */
+    int64_t bt_stride;        /* int32 elements between block_table rows */
+    int64_t max_pages;        /* usable entries per block_table row */
+    int64_t page_size;        /* rows per page (paged), 0 for a contiguous cache */
+    int64_t num_pages;        /* pages in the pool (paged) */
+    fa_operand k_new, v_new;  /* [batch, seqlen_new, heads_kv, d]; data NULL: no append */
+    int64_t seqlen_new;       /* 0 when nothing is appended */
+    int num_splits;           /* the caller's request: 0 = backend heuristic, n >= 1 forces n */
+} fa_problem;
+
+/* Total keys of sequence b of a KV-cache problem (host kv_seqlens only). */
+static inline int64_t fa_kv_len(const fa_problem *p, int64_t b) {
+    return (int64_t)p->kv_seqlens[b] + p->seqlen_new;
+}
+
+/*
+ * fa_merge_attn: n partial results over disjoint key sets, merged row by row. Rows are
+ * (b, t, h) with d values; THD tensors arrive as batch 1, seqlen = total tokens, sb = 0 (and
+ * lse_sb = 0), so kernels see one layout.
+ */
+typedef struct fa_merge_part {
+    fa_operand o;             /* partial output, dtype fa_merge_problem.part_dtype */
+    const float *lse;         /* element (b, h, t) at lse[b*lse_sb + h*lse_sh + t*lse_st] */
+    int64_t lse_sb, lse_sh, lse_st;
+} fa_merge_part;
+
+typedef struct fa_merge_problem {
+    int n;
+    const fa_merge_part *parts; /* host array of n (the tensors they point to: any device) */
+    fa_dtype part_dtype;      /* of every partial output */
+    fa_dtype dtype;           /* of out */
+    int64_t batch, seqlen, heads, d;
+    fa_operand o;
+    float *lse;               /* NULL: not wanted */
+    int64_t lse_sb, lse_sh, lse_st;
+} fa_merge_problem;
+
+/* Start (global token index for varlen, 0 for BSHD) and length of sequence b. Host pointers
+   only: CPU kernels call this; CUDA kernels read cu_seqlens on the device. */
+static inline void fa_seq_bounds(const fa_problem *p, int64_t b, int64_t *q0, int64_t *sq,
+                                 int64_t *k0, int64_t *sk) {
+    if (p->cu_q) {
+        *q0 = p->cu_q[b];
+        *sq = p->cu_q[b + 1] - p->cu_q[b];
+        *k0 = p->cu_k[b];
+        *sk = p->cu_k[b + 1] - p->cu_k[b];
+    } else {
+        *q0 = 0;
+        *sq = p->seqlen_q;
+        *k0 = 0;
+        *sk = p->seqlen_k;
+    }
+}
+
+/* Every mask of the library leaves each query row a contiguous run of keys [*lo, *hi) — the
+   row's diagonal is c = i + sk - sq (bottom-right alignment). Empty when *lo >= *hi. */
+static inline void fa_row_keys(const fa_problem *p, int64_t i, int64_t sq, int64_t sk, int64_t *lo,
+                               int64_t *hi) {
+    int64_t c = i + sk - sq;
+    int64_t l = p->win_left < 0 ? 0 : c - p->win_left;
+    int64_t h = p->win_right < 0 ? sk : c + p->win_right + 1;
+    *lo = l < 0 ? 0 : l;
+    *hi = h > sk ? sk : h;
+}
+
+static inline float fa_alibi_slope(const fa_problem *p, int64_t b, int64_t h) {
+    return p->alibi ? p->alibi[b * p->alibi_sb + h] : 0.0f;
+}
+
+/* ---- scalar dtype conversions (portable; SIMD kernels have their own) ---- */
+
+static inline float fa_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: renormalise */
+            int e = -1;
+            do {
+                e++;
+                man <<= 1;
+            } while (!(man & 0x400u));
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* Round to nearest even, with overflow to inf and correct subnormals. */
+static inline uint16_t fa_f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) /* inf or nan */
+        return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0));
+    if (ax >= 0x477ff000u) /* rounds to >= 65520: overflow */
+        return (uint16_t)(sign | 0x7c00u);
+    if (ax < 0x38800000u) { /* result is subnormal or zero: add 0.5 and let the FPU round */
+        float a;
+        memcpy(&a, &ax, 4);
+        a += 0.5f;
+        uint32_t r;
+        memcpy(&r, &a, 4);
+        return (uint16_t)(sign | (r - 0x3f000000u));
+    }
+    uint32_t mant_odd = (ax >> 13) & 1u;
+    ax += 0xc8000fffu + mant_odd; /* rebias exponent (-112 << 23) and round to nearest even */
+    return (uint16_t)(sign | (ax >> 13));
+}
+
+static inline float fa_bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline uint16_t fa_f32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) /* nan stays a quiet nan */
+        return (uint16_t)((x >> 16) | 0x40u);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+/* Load element i of a row of dtype dt as float / store a float into it. */
+static inline float fa_load(const void *row, fa_dtype dt, int64_t i) {
+    switch (dt) {
+    case FA_DTYPE_F16: return fa_f16_to_f32(((const uint16_t *)row)[i]);
+    case FA_DTYPE_BF16: return fa_bf16_to_f32(((const uint16_t *)row)[i]);
+    case FA_DTYPE_F64: return (float)((const double *)row)[i];
+    default: return ((const float *)row)[i];
+    }
+}
+
+static inline void fa_store(void *row, fa_dtype dt, int64_t i, float x) {
+    switch (dt) {
+    case FA_DTYPE_F16: ((uint16_t *)row)[i] = fa_f32_to_f16(x); break;
+    case FA_DTYPE_BF16: ((uint16_t *)row)[i] = fa_f32_to_bf16(x); break;
+    case FA_DTYPE_F64: ((double *)row)[i] = x; break;
+    default: ((float *)row)[i] = x; break;
+    }
+}
+
+/* Address of element (b, t, h, 0) of an operand. */
+static inline void *fa_at(const fa_operand *a, fa_dtype dt, int64_t b, int64_t t, int64_t h) {
+    return (char *)a->data + (size_t)(b * a->sb + t * a->st + h * a->sh) * fa_dtype_size(dt);
+}
+
+/* ---- the context ---- */
+
+#define FA_ERRMSG_LEN 512
+
+/* Kernel request handed to a backend: the problem plus the context's settings. */
+struct fa_backend_ops;
+
+struct fa_context {
+    fa_backend backend;
+    const struct fa_backend_ops *ops;
+    int threads;      /* 0: all cores */
+    void *stream;
+    fa_algo algo;
+    int strict;
+    int device_checks; /* see fa_context_set_device_checks */
+    int log;
+    void *user_ws;    /* set by fa_context_set_workspace, not owned */
+    size_t user_ws_bytes;
+    void *own_ws;     /* owned, grown on demand */
+    size_t own_ws_bytes;
+    int has_selection;
+    fa_selection sel;
+    char err[FA_ERRMSG_LEN];
+};
+
+/*
+ * A backend: a small table of entry points (ggml style). Each entry chooses its kernel,
+ * fills ctx->sel (kernel name, tiles, threads, reason) and runs it. *_workspace reports the
+ * bytes the same call would need without running anything. Problems arrive validated.
+ */
+typedef struct fa_backend_ops {
+    const char *name;
+    fa_status (*fwd_workspace)(fa_context *ctx, const fa_problem *p, size_t *bytes);
+    fa_status (*fwd)(fa_context *ctx, const fa_problem *p, void *ws, size_t ws_bytes);
+    fa_status (*bwd_workspace)(fa_context *ctx, const fa_problem *p, size_t *bytes);
+    fa_status (*bwd)(fa_context *ctx, const fa_problem *p, void *ws, size_t ws_bytes);
+    /* Memory the context owns for workspaces: host memory for the CPU, device memory for CUDA.
+       ws_alloc returns NULL on failure. */
+    void *(*ws_alloc)(size_t bytes);
+    void (*ws_free)(void *ptr);
+    /* fa_fwd_kvcache (problem with kv_seqlens set) and fa_merge_attn. NULL: the backend has no
+       such kernel, and the dispatcher answers FA_ERR_UNSUPPORTED. The kvcache entry appends
+       k_new/v_new (if any) and then attends; it records the split count it used in
+       ctx->sel.num_splits. merge needs no workspace. */
+    fa_status (*fwd_kvcache)(fa_context *ctx, const fa_problem *p, void *ws, size_t ws_bytes);
+    fa_status (*fwd_kvcache_workspace)(fa_context *ctx, const fa_problem *p, size_t *bytes);
+    fa_status (*merge)(fa_context *ctx, const fa_merge_problem *m);
+} fa_backend_ops;
+
+extern const fa_backend_ops fa_cpu_backend;
+/* The CUDA backend's table, or NULL when no device is usable (or the build has no CUDA); then
+   fa_cuda_unavailable() says why. */
+const fa_backend_ops *fa_cuda_backend_get(void);
+const char *fa_cuda_unavailable(void);
+/* Kernels of each backend, for fa_kernel_count/fa_kernel_name. */
+int fa_cpu_kernel_count(void);
+const char *fa_cpu_kernel_name(int i);
+int fa_cuda_kernel_count(void);
+const char *fa_cuda_kernel_name(int i);
+
+/* Records an error message on ctx (printf-style) and returns st. ctx may be NULL. */
+fa_status fa_fail(fa_context *ctx, fa_status st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* Starts a selection record for an op; kernels then fill the rest. */
+void fa_select(fa_context *ctx, const char *backend, const char *op, const char *kernel);
+
+/* Resolved worker-thread count for the CPU backend (context setting, else all cores). */
+int fa_cpu_threads(const fa_context *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FA_INTERNAL_H */

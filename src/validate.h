@@ -1,0 +1,85 @@
+/*
+ * validate.h — the dispatcher's argument checks, shared by the entry points of dispatch.c
+ * (fa_fwd, fa_bwd) and kvcache.c (fa_fwd_kvcache, fa_merge_attn), so that every public call
+ * is checked by the same code, reports in the same words and writes nothing on error.
+ */
+#ifndef FA_VALIDATE_H
+#define FA_VALIDATE_H
+
+#include "internal.h"
+
+#define FA_TRY(x)                                                                             \
+    do {                                                                                      \
+        fa_status st_ = (x);                                                                  \
+        if (st_ != FA_OK) return st_;                                                         \
+    } while (0)
+
+/* The arguments of one call, named for messages. The checks below read ctx, fn and p; the
+   tensor fields belong to fa_fwd / fa_bwd. */
+typedef struct fa_call {
+    fa_context *ctx;
+    const char *fn;
+    const fa_tensor *q, *k, *v, *out, *lse, *dout, *dq, *dk, *dv;
+    const fa_params *p;
+    int bwd;
+    int query_only; /* workspace query: outputs are stand-ins, nothing runs */
+} fa_call;
+
+/* Byte span [lo, hi) covered by a validated tensor; used for overflow and overlap checks. */
+typedef struct fa_span {
+    uintptr_t lo, hi;
+} fa_span;
+
+/* One tensor of a call. `out` is 0 for an input, else the write group it belongs to: tensors
+   of one group may overlap each other (packed dq/dk/dv, an interleaved K/V cache), nothing
+   written may overlap anything outside its group. LSE tensors have rank nd - 1 and free
+   strides. t may be NULL for a raw span (an index array) placed in sp by the caller. */
+typedef struct fa_arg {
+    const char *name;
+    const fa_tensor *t;
+    int out, is_lse;
+    fa_span sp;
+} fa_arg;
+
+static inline const char *fa_device_name(fa_device d) {
+    return d == FA_DEVICE_CUDA ? "cuda" : "cpu";
+}
+
+static inline int fa_spans_overlap(fa_span a, fa_span b) { return a.lo < b.hi && b.lo < a.hi; }
+
+/* Each tensor of a[0..n): pointer, rank (nd, LSE nd - 1), sizes, strides (the last one 1,
+   but for LSE), and that its byte span fits the address space; fills a[i].sp. */
+fa_status fa_check_tensors(fa_call *c, fa_arg *a, int n, int nd);
+/* One dtype for every non-LSE tensor (a[0]'s; f8 rejected, f64 only under FA_ALGO_NAIVE)
+   and f32 LSE (f64 for f64 inputs). */
+fa_status fa_check_dtypes(fa_call *c, const fa_arg *a, int n);
+/* All on a[0]'s device, and that is the device the context's backend serves. */
+fa_status fa_check_devices(fa_call *c, const fa_arg *a, int n);
+/* Nothing written overlaps what is read (see fa_arg.out). */
+fa_status fa_check_overlaps(fa_call *c, const fa_arg *a, int n);
+fa_status fa_check_same_shape(fa_call *c, const char *an, const fa_tensor *a, const char *bn,
+                              const fa_tensor *b);
+/* Scalar options of c->p (pr->d must be set): scale, softcap, window, ALiBi stride against
+   heads_q; resolves them into pr. */
+fa_status fa_check_options(fa_call *c, fa_problem *pr);
+/* A validated BSHD (varlen 0) or THD (varlen 1) tensor as a kernel operand. */
+fa_operand fa_operand_of(const fa_tensor *t, int varlen);
+
+/* ---- the steps of every entry point around its own validation ---- */
+
+/* Needs c->ctx (FA_ERR_NULL_POINTER), clears its message and selection record, and points a
+   NULL c->p at *defaults. */
+fa_status fa_call_begin(fa_call *c, fa_params *defaults);
+
+typedef fa_status (*fa_ws_entry)(fa_context *ctx, const fa_problem *p, size_t *bytes);
+typedef fa_status (*fa_run_entry)(fa_context *ctx, const fa_problem *p, void *ws,
+                                  size_t ws_bytes);
+/* Asks the backend entry ws_entry for the workspace; for a query (c->query_only) stores it in
+   *query_bytes, else gets the workspace (the user's or the context's), runs run_entry and
+   publishes the selection record it filled. */
+fa_status fa_call_finish(fa_call *c, const fa_problem *pr, fa_ws_entry ws_entry,
+                         fa_run_entry run_entry, size_t *query_bytes);
+/* Publishes the selection record after a successful run (FLASHATTN_LOG=1 prints it). */
+void fa_call_done(fa_context *ctx);
+
+#endif /* FA_VALIDATE_H */

@@ -1,0 +1,106 @@
+/*
+ * sweep.c — see sweep.h.
+ */
+#include "sweep.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct item {
+    const tk_case *c;
+    fa_backend backend;
+} item;
+
+int sweep_have_cuda(void) {
+    static int known = -1;
+    if (known < 0) {
+        fa_context *ctx = NULL;
+        known = fa_context_create(&ctx, FA_BACKEND_CUDA) == FA_OK;
+        fa_context_destroy(ctx);
+    }
+    return known;
+}
+
+void sweep_expect_failure(fa_context *ctx, fa_status st, fa_status want, const char *what,
+                          const char *op, const void *before, const void *arena, size_t bytes,
+                          int allow_selection) {
+    if (st != want)
+        fail_msg("%s: %s returned %d (%s), expected %d (%s); message: %s", what, op, (int)st,
+                 fa_status_string(st), (int)want, fa_status_string(want), fa_last_error(ctx));
+    const char *msg = fa_last_error(ctx);
+    if (!msg || !*msg) fail_msg("%s: %s failed without a message", what, op);
+    if (memcmp(before, arena, bytes) != 0) fail_msg("%s: %s wrote memory although it failed", what, op);
+    if (!allow_selection && fa_last_selection(ctx) != NULL)
+        fail_msg("%s: %s failed but reports a kernel selection", what, op);
+}
+
+static int verbose(void) {
+    const char *v = getenv("FLASHATTN_TEST_VERBOSE");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+static void run_item(void **state) {
+    const item *it = *state;
+    tk_opts o = {it->backend, FA_ALGO_AUTO, 0, verbose()};
+    static tk_report r; /* large: keep it off the stack */
+    int st = tk_run_case(it->c, &o, tk_seed(), &r);
+    if (st == TK_SKIP) {
+        print_message("%s", r.msg);
+        skip();
+    }
+    if (st == TK_FAIL) fail_msg("%s", r.msg);
+    if (o.verbose) print_message("%s", r.msg);
+}
+
+int sweep_main(int argc, char **argv, const char *group, const tk_case *cases, size_t n,
+               const struct CMUnitTest *extra, size_t nextra) {
+    fa_backend backend = FA_BACKEND_CPU;
+    if (argc > 1 && strcmp(argv[1], "cuda") == 0) {
+        backend = FA_BACKEND_CUDA;
+    } else if (argc > 1 && strcmp(argv[1], "cpu") != 0) {
+        fprintf(stderr, "usage: %s [cpu|cuda]\n", argv[0]);
+        return 2;
+    }
+    if (backend == FA_BACKEND_CUDA) {
+        if (!sweep_have_cuda()) {
+            printf("no CUDA backend or device here: the GPU sweep is skipped\n");
+            return SWEEP_SKIPPED;
+        }
+        nextra = 0; /* the extra tests exercise the CPU backend */
+    }
+    const char *bname = backend == FA_BACKEND_CUDA ? "cuda" : "cpu";
+    /* The CUDA kernels take f16 and bf16: the GPU run turns the f32 cases into bf16 ones, so
+       every shape and option of the sweep runs there too. */
+    tk_case *mine = calloc(n ? n : 1, sizeof *mine);
+    if (!mine) return 1;
+    for (size_t i = 0; i < n; i++) {
+        mine[i] = cases[i];
+        if (backend == FA_BACKEND_CUDA && mine[i].dtype == FA_DTYPE_F32)
+            mine[i].dtype = FA_DTYPE_BF16;
+    }
+    size_t total = n + nextra;
+    struct CMUnitTest *tests = calloc(total ? total : 1, sizeof *tests);
+    item *items = calloc(n ? n : 1, sizeof *items);
+    char *names = calloc(n ? n : 1, 256);
+    if (!tests || !items || !names) return 1;
+    for (size_t i = 0; i < n; i++) {
+        items[i].c = &mine[i];
+        items[i].backend = backend;
+        char line[224];
+        tk_case_format(items[i].c, line, sizeof line);
+        snprintf(names + i * 256, 256, "%s %s", bname, line);
+        tests[i].name = names + i * 256;
+        tests[i].test_func = run_item;
+        tests[i].initial_state = &items[i];
+    }
+    for (size_t i = 0; i < nextra; i++) tests[n + i] = extra[i];
+    printf("[ SEED     ] %llu (set FLASHATTN_TEST_SEED to repeat)\n",
+           (unsigned long long)tk_seed());
+    int failed = _cmocka_run_group_tests(group, tests, total, NULL, NULL);
+    free(tests);
+    free(items);
+    free(names);
+    free(mine);
+    return failed != 0;
+}

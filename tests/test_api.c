@@ -1,0 +1,363 @@
+/*
+ * test_api.c — the small public pieces: status strings, version, dtype helpers, tensor and
+ * params constructors, context setters, user workspace, the kernel selection record, the
+ * kernel list, and FLASHATTN_LOG / FLASHATTN_NUM_THREADS from the environment.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifndef _WIN32
+#include <unistd.h>
+#endif
+
+#include "sweep.h"
+
+static void status_strings(void **state) {
+    (void)state;
+    const char *seen[FA_ERR_INTERNAL + 1];
+    for (int s = FA_OK; s <= FA_ERR_INTERNAL; s++) {
+        const char *str = fa_status_string((fa_status)s);
+        assert_non_null(str);
+        assert_true(strlen(str) > 0);
+        for (int t = 0; t < s; t++)
+            if (strcmp(seen[t], str) == 0) fail_msg("statuses %d and %d share \"%s\"", t, s, str);
+        seen[s] = str;
+    }
+    assert_non_null(fa_status_string((fa_status)999));
+    assert_non_null(fa_status_string((fa_status)-1));
+}
+
+static void version_and_dtypes(void **state) {
+    (void)state;
+    char want[32];
+    snprintf(want, sizeof want, "%d.%d.%d", FA_VERSION_MAJOR, FA_VERSION_MINOR, FA_VERSION_PATCH);
+    assert_string_equal(fa_version(), want);
+    struct {
+        fa_dtype dt;
+        const char *name;
+        size_t size;
+    } d[] = {{FA_DTYPE_F32, "f32", 4}, {FA_DTYPE_F16, "f16", 2}, {FA_DTYPE_BF16, "bf16", 2},
+             {FA_DTYPE_F8_E4M3, "f8e4m3", 1}, {FA_DTYPE_F64, "f64", 8}};
+    for (size_t i = 0; i < sizeof d / sizeof *d; i++) {
+        assert_string_equal(fa_dtype_name(d[i].dt), d[i].name);
+        assert_int_equal(fa_dtype_size(d[i].dt), d[i].size);
+    }
+    assert_string_equal(fa_dtype_name((fa_dtype)42), "?");
+    assert_int_equal(fa_dtype_size((fa_dtype)42), 0);
+}
+
+static void tensor_constructors(void **state) {
+    (void)state;
+    float buf[1];
+    fa_tensor t = fa_tensor_bshd(buf, FA_DTYPE_BF16, FA_DEVICE_CUDA, 2, 3, 5, 7);
+    assert_ptr_equal(t.data, buf);
+    assert_int_equal(t.dtype, FA_DTYPE_BF16);
+    assert_int_equal(t.device, FA_DEVICE_CUDA);
+    assert_int_equal(t.ndim, 4);
+    int64_t shape[4] = {2, 3, 5, 7}, stride[4] = {105, 35, 7, 1};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(t.shape[i], shape[i]);
+        assert_int_equal(t.stride[i], stride[i]);
+    }
+    t = fa_tensor_3d(buf, FA_DTYPE_F32, FA_DEVICE_CPU, 11, 4, 9);
+    assert_int_equal(t.ndim, 3);
+    assert_int_equal(t.shape[0], 11);
+    assert_int_equal(t.shape[2], 9);
+    assert_int_equal(t.stride[0], 36);
+    assert_int_equal(t.stride[1], 9);
+    assert_int_equal(t.stride[2], 1);
+    t = fa_tensor_2d(buf, FA_DTYPE_F32, FA_DEVICE_CPU, 6, 13);
+    assert_int_equal(t.ndim, 2);
+    assert_int_equal(t.shape[1], 13);
+    assert_int_equal(t.stride[0], 13);
+    assert_int_equal(t.stride[1], 1);
+}
+
+static void params_default(void **state) {
+    (void)state;
+    fa_params p = fa_params_default();
+    assert_true(p.softmax_scale == 0.0f);
+    assert_int_equal(p.causal, 0);
+    assert_int_equal(p.window_left, -1);
+    assert_int_equal(p.window_right, -1);
+    assert_true(p.softcap == 0.0f);
+    assert_null(p.alibi_slopes);
+    assert_int_equal(p.alibi_batch_stride, 0);
+    assert_null(p.cu_seqlens_q);
+    assert_null(p.cu_seqlens_k);
+    assert_int_equal(p.batch, 0);
+    assert_int_equal(p.max_seqlen_q, 0);
+    assert_int_equal(p.max_seqlen_k, 0);
+    assert_int_equal(p.deterministic, 0);
+}
+
+/* A small valid problem (f32, GQA 4/2) with its tensors. */
+typedef struct prob {
+    tk_buf q, k, v, o, lse, dout, dq, dk, dv;
+} prob;
+
+static void prob_init(prob *p, fa_dtype dt) {
+    tk_rng r;
+    tk_rng_init(&r, tk_seed());
+    int64_t qs[4] = {2, 33, 4, 40}, ks[4] = {2, 50, 2, 40}, ls[3] = {2, 4, 33};
+    tk_buf *q[] = {&p->q, &p->o, &p->dout, &p->dq}, *k[] = {&p->k, &p->v, &p->dk, &p->dv};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(tk_buf_alloc(q[i], dt, 4, qs, 0, &r), 0);
+        assert_int_equal(tk_buf_alloc(k[i], dt, 4, ks, 0, &r), 0);
+    }
+    assert_int_equal(tk_buf_alloc(&p->lse, dt == FA_DTYPE_F64 ? dt : FA_DTYPE_F32, 3, ls, 0, &r),
+                     0);
+    tk_fill_normal(&p->q, &r, 1);
+    tk_fill_normal(&p->k, &r, 1);
+    tk_fill_normal(&p->v, &r, 1);
+    tk_fill_normal(&p->dout, &r, 1);
+}
+
+static void prob_free(prob *p) {
+    tk_buf *all[] = {&p->q, &p->k, &p->v, &p->o, &p->lse, &p->dout, &p->dq, &p->dk, &p->dv};
+    for (int i = 0; i < 9; i++) tk_buf_free(all[i]);
+}
+
+static fa_status fwd(fa_context *c, prob *p, const fa_params *prm) {
+    return fa_fwd(c, &p->q.t, &p->k.t, &p->v.t, prm, &p->o.t, &p->lse.t);
+}
+
+static fa_status bwd(fa_context *c, prob *p, const fa_params *prm) {
+    return fa_bwd(c, &p->q.t, &p->k.t, &p->v.t, &p->o.t, &p->dout.t, &p->lse.t, prm, &p->dq.t,
+                  &p->dk.t, &p->dv.t);
+}
+
+static int kernel_listed(const char *name) {
+    for (int i = 0; i < fa_kernel_count(); i++)
+        if (strcmp(fa_kernel_name(i), name) == 0) return 1;
+    return 0;
+}
+
+static void context_setters(void **state) {
+    (void)state;
+    fa_context *c;
+    assert_int_equal(fa_context_create(&c, FA_BACKEND_AUTO), FA_OK);
+    fa_context_destroy(c);
+    assert_int_equal(fa_context_create(&c, FA_BACKEND_CPU), FA_OK);
+    assert_null(fa_last_selection(c));
+    assert_string_equal(fa_last_error(c), "");
+    assert_int_equal(fa_context_set_threads(c, 1), FA_OK);
+    assert_int_equal(fa_context_set_threads(c, 0), FA_OK);
+    assert_int_equal(fa_context_set_stream(c, NULL), FA_OK);
+    assert_int_equal(fa_context_set_strict(c, 1), FA_OK);
+    assert_int_equal(fa_context_set_strict(c, 0), FA_OK);
+    assert_int_equal(fa_context_set_algo(c, FA_ALGO_NAIVE), FA_OK);
+    assert_int_equal(fa_context_set_algo(c, FA_ALGO_PLAIN), FA_OK);
+    assert_int_equal(fa_context_set_algo(c, FA_ALGO_AUTO), FA_OK);
+    /* one thread asked for, one thread recorded */
+    prob p;
+    prob_init(&p, FA_DTYPE_F32);
+    assert_int_equal(fa_context_set_threads(c, 1), FA_OK);
+    assert_int_equal(fwd(c, &p, NULL), FA_OK);
+    assert_int_equal(fa_last_selection(c)->threads, 1);
+    /* an error leaves a message; the next success clears it */
+    fa_params bad = fa_params_default();
+    bad.softmax_scale = -1;
+    assert_int_equal(fwd(c, &p, &bad), FA_ERR_INVALID_ARGUMENT);
+    assert_true(strlen(fa_last_error(c)) > 0);
+    assert_int_equal(fwd(c, &p, NULL), FA_OK);
+    assert_string_equal(fa_last_error(c), "");
+    prob_free(&p);
+    fa_context_destroy(c);
+}
+
+static void selection_record(void **state) {
+    (void)state;
+    const fa_dtype dts[] = {FA_DTYPE_F32, FA_DTYPE_F16, FA_DTYPE_BF16};
+    for (int i = 0; i < 3; i++) {
+        fa_context *c;
+        assert_int_equal(fa_context_create(&c, FA_BACKEND_CPU), FA_OK);
+        assert_int_equal(fa_context_set_strict(c, 1), FA_OK); /* plain CPU calls: no fallback */
+        prob p;
+        prob_init(&p, dts[i]);
+        char want[64];
+        size_t ws;
+        assert_int_equal(fa_fwd_workspace_size(c, &p.q.t, &p.k.t, &p.v.t, NULL, &ws), FA_OK);
+        assert_int_equal(fwd(c, &p, NULL), FA_OK);
+        const fa_selection *s = fa_last_selection(c);
+        assert_non_null(s);
+        /* cpu_fwd_<isa level>_<dtype>_<tile_q>x<tile_k> */
+        snprintf(want, sizeof want, "_%s_%dx%d", fa_dtype_name(dts[i]), s->tile_q, s->tile_k);
+        assert_true(strncmp(s->kernel, "cpu_fwd_", 8) == 0);
+        assert_true(strlen(s->kernel) > strlen(want) &&
+                    strcmp(s->kernel + strlen(s->kernel) - strlen(want), want) == 0);
+        assert_true(kernel_listed(s->kernel));
+        assert_string_equal(s->backend, "cpu");
+        assert_string_equal(s->op, "fwd");
+        assert_true(s->tile_q > 0 && s->tile_k > 0);
+        assert_true(s->threads >= 1);
+        assert_true(s->num_splits >= 1);
+        assert_true(s->workspace_bytes <= ws);
+        assert_string_equal(s->reason, "");
+        assert_int_equal(fa_bwd_workspace_size(c, &p.q.t, &p.k.t, &p.v.t, NULL, &ws), FA_OK);
+        assert_int_equal(bwd(c, &p, NULL), FA_OK);
+        s = fa_last_selection(c);
+        /* cpu_bwd_<isa level>_<dtype>_<tile_q>x<tile_k> */
+        snprintf(want, sizeof want, "_%s_%dx%d", fa_dtype_name(dts[i]), s->tile_q, s->tile_k);
+        assert_true(strncmp(s->kernel, "cpu_bwd_", 8) == 0);
+        assert_true(strlen(s->kernel) > strlen(want) &&
+                    strcmp(s->kernel + strlen(s->kernel) - strlen(want), want) == 0);
+        assert_true(kernel_listed(s->kernel));
+        assert_string_equal(s->op, "bwd");
+        assert_true(s->workspace_bytes <= ws);
+        /* the plain baseline names itself and its precision */
+        assert_int_equal(fa_context_set_algo(c, FA_ALGO_PLAIN), FA_OK);
+        assert_int_equal(fwd(c, &p, NULL), FA_OK);
+        s = fa_last_selection(c);
+        assert_non_null(strstr(s->kernel, "plain"));
+        assert_non_null(strstr(s->kernel, fa_dtype_name(dts[i])));
+        assert_true(kernel_listed(s->kernel));
+        assert_int_equal(s->tile_q, 0);
+        prob_free(&p);
+        fa_context_destroy(c);
+    }
+    /* the f64 reference */
+    fa_context *c;
+    assert_int_equal(fa_context_create(&c, FA_BACKEND_CPU), FA_OK);
+    assert_int_equal(fa_context_set_algo(c, FA_ALGO_NAIVE), FA_OK);
+    prob p;
+    prob_init(&p, FA_DTYPE_F64);
+    assert_int_equal(fwd(c, &p, NULL), FA_OK);
+    const fa_selection *s = fa_last_selection(c);
+    assert_non_null(strstr(s->kernel, "naive"));
+    assert_non_null(strstr(s->kernel, "f64"));
+    assert_string_equal(s->op, "fwd");
+    assert_true(kernel_listed(s->kernel));
+    assert_int_equal(bwd(c, &p, NULL), FA_OK);
+    s = fa_last_selection(c);
+    assert_string_equal(s->op, "bwd");
+    assert_non_null(strstr(s->kernel, "naive"));
+    prob_free(&p);
+    fa_context_destroy(c);
+    /* introspection */
+    assert_non_null(fa_cpu_features());
+    assert_true(fa_has_cuda() == 0 || fa_has_cuda() == 1);
+    assert_true(fa_kernel_count() > 0);
+    for (int i = 0; i < fa_kernel_count(); i++) assert_non_null(fa_kernel_name(i));
+    assert_null(fa_kernel_name(fa_kernel_count()));
+    assert_null(fa_kernel_name(-1));
+}
+
+/* A user workspace of exactly the reported size serves the call (and gives the same result
+   as the context's own); a smaller one is refused; clearing it goes back to the context's. */
+static void user_workspace(void **state) {
+    (void)state;
+    prob p;
+    prob_init(&p, FA_DTYPE_F32);
+    fa_context *c;
+    assert_int_equal(fa_context_create(&c, FA_BACKEND_CPU), FA_OK);
+    assert_int_equal(fwd(c, &p, NULL), FA_OK);
+    unsigned char *own = malloc(p.o.bytes);
+    assert_non_null(own);
+    memcpy(own, p.o.base, p.o.bytes);
+
+    size_t need;
+    assert_int_equal(fa_fwd_workspace_size(c, &p.q.t, &p.k.t, &p.v.t, NULL, &need), FA_OK);
+    void *ws = malloc(need ? need : 1);
+    assert_non_null(ws);
+    assert_int_equal(fa_context_set_workspace(c, ws, need), FA_OK);
+    tk_poison(&p.o);
+    assert_int_equal(fwd(c, &p, NULL), FA_OK);
+    assert_memory_equal(own, p.o.base, p.o.bytes);
+    if (need > 0) {
+        assert_int_equal(fa_context_set_workspace(c, ws, need / 2), FA_OK);
+        assert_int_equal(fwd(c, &p, NULL), FA_ERR_WORKSPACE);
+        assert_true(strlen(fa_last_error(c)) > 0);
+    }
+    assert_int_equal(fa_context_set_workspace(c, NULL, 0), FA_OK);
+    assert_int_equal(fwd(c, &p, NULL), FA_OK);
+    /* the backward too */
+    assert_int_equal(fa_bwd_workspace_size(c, &p.q.t, &p.k.t, &p.v.t, NULL, &need), FA_OK);
+    void *wsb = malloc(need ? need : 1);
+    assert_non_null(wsb);
+    assert_int_equal(fa_context_set_workspace(c, wsb, need), FA_OK);
+    assert_int_equal(bwd(c, &p, NULL), FA_OK);
+    if (need > 0) {
+        assert_int_equal(fa_context_set_workspace(c, wsb, need - 1), FA_OK);
+        assert_int_equal(bwd(c, &p, NULL), FA_ERR_WORKSPACE);
+    }
+    fa_context_destroy(c); /* never frees a user workspace: freeing it ourselves must work */
+    free(ws);
+    free(wsb);
+    free(own);
+    prob_free(&p);
+}
+
+#ifndef _WIN32
+/* Runs one forward with stderr redirected into a temporary file; returns what was printed. */
+static char *captured_fwd(prob *p, char *kernel, size_t klen) {
+    FILE *tmp = tmpfile();
+    assert_non_null(tmp);
+    fflush(stderr);
+    int saved = dup(2);
+    assert_true(saved >= 0);
+    assert_true(dup2(fileno(tmp), 2) >= 0);
+    fa_context *c;
+    fa_status st = fa_context_create(&c, FA_BACKEND_CPU);
+    if (st == FA_OK) st = fwd(c, p, NULL);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    assert_int_equal(st, FA_OK);
+    snprintf(kernel, klen, "%s", fa_last_selection(c)->kernel);
+    fa_context_destroy(c);
+    long n = ftell(tmp);
+    char *text = calloc((size_t)(n > 0 ? n : 0) + 1, 1);
+    assert_non_null(text);
+    rewind(tmp);
+    size_t got = fread(text, 1, (size_t)(n > 0 ? n : 0), tmp);
+    text[got] = 0;
+    fclose(tmp);
+    return text;
+}
+
+static void env_log(void **state) {
+    (void)state;
+    prob p;
+    prob_init(&p, FA_DTYPE_F32);
+    char kernel[64];
+    setenv("FLASHATTN_LOG", "1", 1);
+    char *text = captured_fwd(&p, kernel, sizeof kernel);
+    unsetenv("FLASHATTN_LOG");
+    if (!strstr(text, kernel))
+        fail_msg("FLASHATTN_LOG=1 did not print the kernel %s; stderr was: \"%s\"", kernel, text);
+    free(text);
+    text = captured_fwd(&p, kernel, sizeof kernel);
+    if (strstr(text, kernel)) fail_msg("without FLASHATTN_LOG the kernel was printed: %s", text);
+    free(text);
+    prob_free(&p);
+}
+
+static void env_threads(void **state) {
+    (void)state;
+    prob p;
+    prob_init(&p, FA_DTYPE_F32);
+    setenv("FLASHATTN_NUM_THREADS", "1", 1);
+    fa_context *c;
+    assert_int_equal(fa_context_create(&c, FA_BACKEND_CPU), FA_OK);
+    unsetenv("FLASHATTN_NUM_THREADS");
+    assert_int_equal(fwd(c, &p, NULL), FA_OK);
+    assert_int_equal(fa_last_selection(c)->threads, 1);
+    fa_context_destroy(c);
+    prob_free(&p);
+}
+#endif
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(status_strings),   cmocka_unit_test(version_and_dtypes),
+        cmocka_unit_test(tensor_constructors), cmocka_unit_test(params_default),
+        cmocka_unit_test(context_setters),  cmocka_unit_test(selection_record),
+        cmocka_unit_test(user_workspace),
+#ifndef _WIN32
+        cmocka_unit_test(env_log),          cmocka_unit_test(env_threads),
+#endif
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL) != 0;
+}
