@@ -27,53 +27,70 @@
 #define BQ FA_TM_BQ
 #define BK FA_TM_BK
 
-/* Pass 1: one key tile against query tiles. */
+/* Pass 1: up to BWD_KSUB key tiles against query tiles; each query tile is loaded once for
+   all of them (see pass 2). */
+#define BWD_KSUB 4
+typedef struct kv_sub {
+    float *kt, *vt; /* d x BK: K and V tiles transposed (columns past the keys zero) */
+    float *dk, *dv; /* BK x dp: gradient accumulators of the key tile */
+} kv_sub;
+
 typedef struct kv_bufs {
-    float *kt, *vt;     /* d x BK: K and V tiles transposed (columns past the
-                           keys zero) */
-    float *dk, *dv;     /* BK x dp: gradient accumulators of the key tile */
-    float *qf, *dof;    /* BQ x dp: Q and dO tiles, where they are not read in place */
+    float *qf, *dof;    /* BQ x dp: Q and dO tiles, packed */
     float *s, *dps, *g; /* BQ x BK: scores -> P; dP -> dS; softcap derivative */
-    float *lse, *dd;    /* BQ: LSE (+inf for rows with none) and D of the query rows */
+    float *lse2, *dd;   /* BQ: LSE times log2 e (+inf for rows with none) and D of the rows */
+    kv_sub sub[BWD_KSUB];
 } kv_bufs;
 
-/* Pass 2: one query tile against key tiles. */
+/* Pass 2: up to BWD_QSUB query tiles against key tiles; each key tile is loaded once for all
+   of them (the reason is fwd_tiled.c's: a head's rows lie heads * d apart in BSHD memory). */
+#define BWD_QSUB 4
+typedef struct q_sub {
+    float *qt, *dot; /* d x BQ: Q and dO tiles, transposed */
+    float *dq;       /* BQ x dp: gradient accumulator of the query tile */
+    float *lse2, *dd; /* BQ: LSE times log2 e (+inf for rows with none), D */
+} q_sub;
+
 typedef struct q_bufs {
-    float *qt, *dot;     /* d x BQ: Q and dO tiles, transposed */
-    float *dq;           /* BQ x dp: gradient accumulator of the query tile */
-    float *kf, *vf;      /* BK x dp: K and V tiles, where they are not read in place */
+    float *kf, *vf;      /* BK x dp: K and V tiles, packed */
     float *st, *dpt, *g; /* BK x BQ: scores -> P; dP -> dS; softcap derivative */
-    float *lse, *dd;     /* BQ */
+    q_sub sub[BWD_QSUB];
 } q_bufs;
 
 static size_t kv_layout(int64_t d, float *base, kv_bufs *b) {
     size_t off = 0, dp = (size_t)fa_tm_pad16((int)d);
-    b->kt = fa_tm_take(base, &off, (size_t)d * BK);
-    b->vt = fa_tm_take(base, &off, (size_t)d * BK);
-    b->dk = fa_tm_take(base, &off, BK * dp);
-    b->dv = fa_tm_take(base, &off, BK * dp);
     b->qf = fa_tm_take(base, &off, BQ * dp);
     b->dof = fa_tm_take(base, &off, BQ * dp);
     b->s = fa_tm_take(base, &off, (size_t)BQ * BK);
     b->dps = fa_tm_take(base, &off, (size_t)BQ * BK);
     b->g = fa_tm_take(base, &off, (size_t)BQ * BK);
-    b->lse = fa_tm_take(base, &off, BQ);
+    b->lse2 = fa_tm_take(base, &off, BQ);
     b->dd = fa_tm_take(base, &off, BQ);
+    for (int s = 0; s < BWD_KSUB; s++) {
+        kv_sub *u = &b->sub[s];
+        u->kt = fa_tm_take(base, &off, (size_t)d * BK);
+        u->vt = fa_tm_take(base, &off, (size_t)d * BK);
+        u->dk = fa_tm_take(base, &off, BK * dp);
+        u->dv = fa_tm_take(base, &off, BK * dp);
+    }
     return off;
 }
 
 static size_t q_layout(int64_t d, float *base, q_bufs *b) {
     size_t off = 0, dp = (size_t)fa_tm_pad16((int)d);
-    b->qt = fa_tm_take(base, &off, (size_t)d * BQ);
-    b->dot = fa_tm_take(base, &off, (size_t)d * BQ);
-    b->dq = fa_tm_take(base, &off, BQ * dp);
     b->kf = fa_tm_take(base, &off, BK * dp);
     b->vf = fa_tm_take(base, &off, BK * dp);
     b->st = fa_tm_take(base, &off, (size_t)BK * BQ);
     b->dpt = fa_tm_take(base, &off, (size_t)BK * BQ);
     b->g = fa_tm_take(base, &off, (size_t)BK * BQ);
-    b->lse = fa_tm_take(base, &off, BQ);
-    b->dd = fa_tm_take(base, &off, BQ);
+    for (int s = 0; s < BWD_QSUB; s++) {
+        q_sub *u = &b->sub[s];
+        u->qt = fa_tm_take(base, &off, (size_t)d * BQ);
+        u->dot = fa_tm_take(base, &off, (size_t)d * BQ);
+        u->dq = fa_tm_take(base, &off, BQ * dp);
+        u->lse2 = fa_tm_take(base, &off, BQ);
+        u->dd = fa_tm_take(base, &off, BQ);
+    }
     return off;
 }
 
@@ -153,37 +170,54 @@ static int64_t first_row(const fa_problem *p, int64_t sq, int64_t sk, int64_t a,
     return a;
 }
 
+/* Loads key tile [t0, t0 + nk) of kv head hk (K and V transposed) into U, zeroes its
+   gradient accumulators. */
+FA_TM_INLINE void kv_sub_init(const kv_sub *U, const fa_problem *p, int64_t bk, int64_t t0,
+                              int nk, int64_t hk, int dp) {
+    const fa_dtype dt = p->dtype;
+    const size_t es = fa_dtype_size(dt);
+    const int d = (int)p->d;
+    fa_tm_ahead ka; /* all rows requested at once: their misses overlap */
+    fa_tm_ahead_init(&ka, &p->k, &p->v, es, bk, t0, nk, hk, d);
+    for (int j = 0; j < nk; j++) fa_tm_ahead_row(&ka, j);
+    for (int j = 0; j < nk; j++) {
+        fa_tm_load_col(U->kt + j, BK, fa_tm_row(&p->k, es, bk, t0 + j, hk), dt, d, 1.0f);
+        fa_tm_load_col(U->vt + j, BK, fa_tm_row(&p->v, es, bk, t0 + j, hk), dt, d, 1.0f);
+    }
+    for (int x = 0; x < d; x++)
+        for (int j = nk; j < BK; j++) U->kt[(ptrdiff_t)x * BK + j] = U->vt[(ptrdiff_t)x * BK + j] = 0;
+    memset(U->dk, 0, (size_t)fa_tm_pad4(nk) * dp * sizeof(float));
+    memset(U->dv, 0, (size_t)fa_tm_pad4(nk) * dp * sizeof(float));
+}
+
+/* Key tiles g0 .. g0 + gsize - 1 (those that exist; gsize <= BWD_KSUB) of (b, kv head hk). */
 FA_TM_HOT
-static void kv_item(const fa_problem *p, int64_t b, int64_t hk, int64_t j0, float *ws,
-                    const float *D) {
+static void kv_item(const fa_problem *p, int64_t b, int64_t hk, int64_t g0, int gsize,
+                    float *ws, const float *D) {
     int64_t q0, sq, k0, sk;
     fa_seq_bounds(p, b, &q0, &sq, &k0, &sk);
-    if (j0 >= sk) return;
     const fa_dtype dt = p->dtype;
     const size_t es = fa_dtype_size(dt);
     const int d = (int)p->d, dp = fa_tm_pad16(d);
-    const int nk = sk - j0 < BK ? (int)(sk - j0) : BK, nk4 = fa_tm_pad4(nk);
-    const int64_t j1 = j0 + nk, bq = p->cu_q ? 0 : b, bk = p->cu_k ? 0 : b;
+    const int64_t bq = p->cu_q ? 0 : b, bk = p->cu_k ? 0 : b;
     const float cap = p->softcap;
     kv_bufs B;
     kv_layout(d, ws, &B);
 
-    fa_tm_ahead ka; /* all rows requested at once: their misses overlap */
-    fa_tm_ahead_init(&ka, &p->k, &p->v, es, bk, k0 + j0, nk, hk, d);
-    for (int j = 0; j < nk; j++) fa_tm_ahead_row(&ka, j);
-    for (int j = 0; j < nk; j++) {
-        fa_tm_load_col(B.kt + j, BK, fa_tm_row(&p->k, es, bk, k0 + j0 + j, hk), dt, d, 1.0f);
-        fa_tm_load_col(B.vt + j, BK, fa_tm_row(&p->v, es, bk, k0 + j0 + j, hk), dt, d, 1.0f);
+    int nk[BWD_KSUB], nsub = 0;
+    for (int s = 0; s < gsize; s++) {
+        const int64_t j0 = (g0 + s) * BK;
+        if (j0 >= sk) break;
+        nk[s] = sk - j0 < BK ? (int)(sk - j0) : BK;
+        kv_sub_init(&B.sub[s], p, bk, k0 + j0, nk[s], hk, dp);
+        nsub++;
     }
-    for (int x = 0; x < d; x++)
-        for (int j = nk; j < BK; j++) B.kt[(ptrdiff_t)x * BK + j] = B.vt[(ptrdiff_t)x * BK + j] = 0;
-    memset(B.dk, 0, (size_t)nk4 * dp * sizeof(float));
-    memset(B.dv, 0, (size_t)nk4 * dp * sizeof(float));
-
-    /* The rows that can see [j0, j1) are one run: from the first whose range ends after j0
-       to the first whose range starts at or after j1. */
-    const int64_t ia = first_row(p, sq, sk, 0, sq, j0, 0);
-    const int64_t ib = first_row(p, sq, sk, ia, sq, j1, 1);
+    if (nsub == 0) return;
+    /* The rows that can see [ja, jb) are one run: from the first whose range ends after ja
+       to the first whose range starts at or after jb. */
+    const int64_t ja = g0 * BK, jb = (g0 + nsub - 1) * BK + nk[nsub - 1];
+    const int64_t ia = first_row(p, sq, sk, 0, sq, ja, 0);
+    const int64_t ib = first_row(p, sq, sk, ia, sq, jb, 1);
 
     fa_tm_qrows rows;
     fa_tm_rel rel;
@@ -193,175 +227,204 @@ static void kv_item(const fa_problem *p, int64_t b, int64_t hk, int64_t j0, floa
         for (int64_t i0 = ia; i0 < ib; i0 += BQ) {
             const int nq = ib - i0 < BQ ? (int)(ib - i0) : BQ, nq4 = fa_tm_pad4(nq);
             fa_tm_qrows_init(&rows, p, i0, nq, sq, sk);
-            const int kind = fa_tm_classify(&rows, j0, j1);
-            if (kind == FA_TM_NONE) continue;
+            int kind[BWD_KSUB], any = 0;
+            for (int s = 0; s < nsub; s++) {
+                const int64_t j0 = (g0 + s) * BK;
+                kind[s] = fa_tm_classify(&rows, j0, j0 + nk[s]);
+                any |= kind[s] != FA_TM_NONE;
+            }
+            if (!any) continue;
             for (int i = 0; i < nq; i++) {
                 const int64_t t = q0 + i0 + i;
-                B.lse[i] = lse_ref(p, b, h, t);
+                B.lse2[i] = lse_ref(p, b, h, t) * FA_LOG2E;
                 B.dd[i] = dh[i0 + i];
             }
-            /* fp32 rows that fill whole vectors, in whole 4-row blocks, are read where they lie
-               (the matmuls take any row stride); the rest is converted and padded */
-            const float *qp = B.qf, *dop = B.dof;
-            ptrdiff_t qld = dp, dold = dp;
-            if (dt == FA_DTYPE_F32 && d == dp && nq == nq4) {
-                qp = (const float *)fa_tm_row(&p->q, es, bq, q0 + i0, h);
-                dop = (const float *)fa_tm_row(&p->dout, es, bq, q0 + i0, h);
-                qld = (ptrdiff_t)p->q.st;
-                dold = (ptrdiff_t)p->dout.st;
-            } else {
-                for (int i = 0; i < nq; i++) {
-                    const int64_t t = q0 + i0 + i;
-                    fa_tm_load_row(B.qf + (ptrdiff_t)i * dp, fa_tm_row(&p->q, es, bq, t, h), dt, d,
-                                   dp, 1.0f);
-                    fa_tm_load_row(B.dof + (ptrdiff_t)i * dp, fa_tm_row(&p->dout, es, bq, t, h), dt,
-                                   d, dp, 1.0f);
-                }
-                memset(B.qf + (ptrdiff_t)nq * dp, 0, (size_t)(nq4 - nq) * dp * sizeof(float));
-                memset(B.dof + (ptrdiff_t)nq * dp, 0, (size_t)(nq4 - nq) * dp * sizeof(float));
-            }
-            fa_tm_ahead ahead; /* next query tile, fetched during this one's exponentials */
-            fa_tm_ahead_init(&ahead, &p->q, &p->dout, es, bq, q0 + i0 + BQ, ib - i0 - BQ, h, d);
-
-            fa_tm_gemm_set(nq4, BK, d, qp, qld, 1, B.kt, BK, B.s, BK);
-            fa_tm_gemm_set(nq4, BK, d, dop, dold, 1, B.vt, BK, B.dps, BK);
-            const int transform = fa_tm_needs_transform(kind, cap, slope);
-            if (transform) {
-                fa_tm_rel_init(&rel, &rows, j0);
-                fa_tm_scores_qmajor(B.s, cap > 0 ? B.g : NULL, nq, nk, &rel, p->scale, cap,
-                                    slope, kind == FA_TM_PARTIAL);
-            }
-            const float mul = transform ? 1.0f : p->scale;
+            /* packed even where fp32 rows could be read in place, as in the forward */
             for (int i = 0; i < nq; i++) {
-                float *restrict s = B.s + (ptrdiff_t)i * BK;
-                float *restrict ds = B.dps + (ptrdiff_t)i * BK;
-                const float *restrict g = B.g + (ptrdiff_t)i * BK;
-                const float lse = B.lse[i], di = B.dd[i];
-                fa_tm_ahead_row(&ahead, i);
-                fa_vexp_row(s, s, nk, mul, lse);
-                {
-                    const fa_vf vdi = fa_vset1(di);
-                    int j = 0;
-                    for (; j + FA_VW <= nk; j += FA_VW)
-                        fa_vstore(ds + j, fa_vload(s + j) * (fa_vload(ds + j) - vdi));
-                    for (; j < nk; j++) ds[j] = s[j] * (ds[j] - di);
-                }
-                if (cap > 0) {
-                    FA_TM_SIMD
-                    for (int j = 0; j < nk; j++) ds[j] *= g[j];
-                }
-                for (int j = nk; j < nk4; j++) s[j] = ds[j] = 0.0f;
+                const int64_t t = q0 + i0 + i;
+                fa_tm_load_row(B.qf + (ptrdiff_t)i * dp, fa_tm_row(&p->q, es, bq, t, h), dt, d, dp,
+                               1.0f);
+                fa_tm_load_row(B.dof + (ptrdiff_t)i * dp, fa_tm_row(&p->dout, es, bq, t, h), dt, d,
+                               dp, 1.0f);
             }
-            /* dV[j] += sum_i P[i][j] dO[i],  dK[j] += sum_i dS[i][j] Q[i] (times scale at the
-               end) */
-            fa_tm_gemm(nk4, dp, nq, B.s, 1, BK, dop, dold, B.dv, dp);
-            fa_tm_gemm(nk4, dp, nq, B.dps, 1, BK, qp, qld, B.dk, dp);
+            memset(B.qf + (ptrdiff_t)nq * dp, 0, (size_t)(nq4 - nq) * dp * sizeof(float));
+            memset(B.dof + (ptrdiff_t)nq * dp, 0, (size_t)(nq4 - nq) * dp * sizeof(float));
+            fa_tm_ahead ahead; /* next query tile, fetched during the first key tile's work */
+            fa_tm_ahead_init(&ahead, &p->q, &p->dout, es, bq, q0 + i0 + BQ, ib - i0 - BQ, h, d);
+            const fa_tm_ahead *next = &ahead;
+
+            for (int s = 0; s < nsub; s++) {
+                if (kind[s] == FA_TM_NONE) continue;
+                const kv_sub *U = &B.sub[s];
+                const int n = nk[s], n4 = fa_tm_pad4(n);
+                fa_tm_gemm_set(nq4, BK, d, B.qf, dp, 1, U->kt, BK, B.s, BK);
+                fa_tm_gemm_set(nq4, BK, d, B.dof, dp, 1, U->vt, BK, B.dps, BK);
+                const int transform = fa_tm_needs_transform(kind[s], cap, slope);
+                if (transform) {
+                    fa_tm_rel_init(&rel, &rows, (g0 + s) * BK);
+                    fa_tm_scores_qmajor(B.s, cap > 0 ? B.g : NULL, nq, n, &rel, p->scale, cap,
+                                        slope, kind[s] == FA_TM_PARTIAL);
+                }
+                const float mul2 = (transform ? 1.0f : p->scale) * FA_LOG2E;
+                for (int i = 0; i < nq; i++) {
+                    float *restrict sr = B.s + (ptrdiff_t)i * BK;
+                    float *restrict ds = B.dps + (ptrdiff_t)i * BK;
+                    const float *restrict g = B.g + (ptrdiff_t)i * BK;
+                    const float di = B.dd[i];
+                    if (next) fa_tm_ahead_row(next, i);
+                    fa_vexp2_row(sr, sr, n, mul2, B.lse2[i]); /* P, as the forward's */
+                    {
+                        const fa_vf vdi = fa_vset1(di);
+                        int j = 0;
+                        for (; j + FA_VW <= n; j += FA_VW)
+                            fa_vstore(ds + j, fa_vload(sr + j) * (fa_vload(ds + j) - vdi));
+                        for (; j < n; j++) ds[j] = sr[j] * (ds[j] - di);
+                    }
+                    if (cap > 0) {
+                        FA_TM_SIMD
+                        for (int j = 0; j < n; j++) ds[j] *= g[j];
+                    }
+                    for (int j = n; j < n4; j++) sr[j] = ds[j] = 0.0f;
+                }
+                next = NULL;
+                /* dV[j] += sum_i P[i][j] dO[i],  dK[j] += sum_i dS[i][j] Q[i] (times scale at
+                   the end) */
+                fa_tm_gemm(n4, dp, nq, B.s, 1, BK, B.dof, dp, U->dv, dp);
+                fa_tm_gemm(n4, dp, nq, B.dps, 1, BK, B.qf, dp, U->dk, dp);
+            }
         }
     }
 
-    for (int j = 0; j < nk; j++) {
-        fa_tm_store_row(fa_tm_row(&p->dk, es, bk, k0 + j0 + j, hk), dt, B.dk + (ptrdiff_t)j * dp, d,
-                        p->scale);
-        fa_tm_store_row(fa_tm_row(&p->dv, es, bk, k0 + j0 + j, hk), dt, B.dv + (ptrdiff_t)j * dp, d,
-                        1.0f);
+    for (int s = 0; s < nsub; s++) {
+        const kv_sub *U = &B.sub[s];
+        for (int j = 0; j < nk[s]; j++) {
+            const int64_t t = k0 + (g0 + s) * BK + j;
+            fa_tm_store_row(fa_tm_row(&p->dk, es, bk, t, hk), dt, U->dk + (ptrdiff_t)j * dp, d,
+                            p->scale);
+            fa_tm_store_row(fa_tm_row(&p->dv, es, bk, t, hk), dt, U->dv + (ptrdiff_t)j * dp, d,
+                            1.0f);
+        }
     }
 }
 
 /* ---- pass 2: dQ ---- */
 
+/* Loads query tile [t0, t0 + nq) of head h (Q and dO transposed, LSE, D) into U. */
+FA_TM_INLINE void q_sub_init(const q_sub *U, const fa_problem *p, int64_t b, int64_t bq,
+                             int64_t t0, int nq, int64_t h, const float *dh, int dp) {
+    const fa_dtype dt = p->dtype;
+    const size_t es = fa_dtype_size(dt);
+    const int d = (int)p->d;
+    fa_tm_ahead qa; /* all rows requested at once: their misses overlap (as in the forward) */
+    fa_tm_ahead_init(&qa, &p->q, &p->dout, es, bq, t0, nq, h, d);
+    for (int i = 0; i < nq; i++) fa_tm_ahead_row(&qa, i);
+    for (int i = 0; i < nq; i++) {
+        const int64_t t = t0 + i;
+        fa_tm_load_col(U->qt + i, BQ, fa_tm_row(&p->q, es, bq, t, h), dt, d, 1.0f);
+        fa_tm_load_col(U->dot + i, BQ, fa_tm_row(&p->dout, es, bq, t, h), dt, d, 1.0f);
+        U->lse2[i] = lse_ref(p, b, h, t) * FA_LOG2E;
+        U->dd[i] = dh[i];
+    }
+    for (int x = 0; x < d; x++)
+        for (int i = nq; i < BQ; i++)
+            U->qt[(ptrdiff_t)x * BQ + i] = U->dot[(ptrdiff_t)x * BQ + i] = 0;
+    for (int i = nq; i < BQ; i++) { /* padding columns: P = 0 */
+        U->lse2[i] = INFINITY;
+        U->dd[i] = 0.0f;
+    }
+    memset(U->dq, 0, (size_t)fa_tm_pad4(nq) * dp * sizeof(float));
+}
+
+/* Query tiles g0 .. g0 + gsize - 1 (those that exist; gsize <= BWD_QSUB) of (b, h). */
 FA_TM_HOT
-static void q_item(const fa_problem *p, int64_t b, int64_t h, int64_t i0, float *ws,
+static void q_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int gsize, float *ws,
                    const float *D) {
     int64_t q0, sq, k0, sk;
     fa_seq_bounds(p, b, &q0, &sq, &k0, &sk);
-    if (i0 >= sq) return;
     const fa_dtype dt = p->dtype;
     const size_t es = fa_dtype_size(dt);
     const int d = (int)p->d, dp = fa_tm_pad16(d);
-    const int nq = sq - i0 < BQ ? (int)(sq - i0) : BQ, nq4 = fa_tm_pad4(nq);
     const int64_t bq = p->cu_q ? 0 : b, bk = p->cu_k ? 0 : b, hk = h / p->group;
     const float slope = fa_alibi_slope(p, b, h), cap = p->softcap;
     const float *dh = D + d_off(p, b, h, q0);
     q_bufs B;
     q_layout(d, ws, &B);
 
-    fa_tm_qrows rows;
-    fa_tm_qrows_init(&rows, p, i0, nq, sq, sk);
-    fa_tm_ahead qa; /* all rows requested at once: their misses overlap (as in the forward) */
-    fa_tm_ahead_init(&qa, &p->q, &p->dout, es, bq, q0 + i0, nq, h, d);
-    for (int i = 0; i < nq; i++) fa_tm_ahead_row(&qa, i);
-    for (int i = 0; i < nq; i++) {
-        const int64_t t = q0 + i0 + i;
-        fa_tm_load_col(B.qt + i, BQ, fa_tm_row(&p->q, es, bq, t, h), dt, d, 1.0f);
-        fa_tm_load_col(B.dot + i, BQ, fa_tm_row(&p->dout, es, bq, t, h), dt, d, 1.0f);
-        B.lse[i] = lse_ref(p, b, h, t);
-        B.dd[i] = dh[i0 + i];
+    fa_tm_qrows rows[BWD_QSUB];
+    int nq[BWD_QSUB], nsub = 0;
+    int64_t ulo = INT64_MAX, uhi = INT64_MIN;
+    for (int s = 0; s < gsize; s++) {
+        const int64_t i0 = (g0 + s) * BQ;
+        if (i0 >= sq) break;
+        nq[s] = sq - i0 < BQ ? (int)(sq - i0) : BQ;
+        fa_tm_qrows_init(&rows[s], p, i0, nq[s], sq, sk);
+        q_sub_init(&B.sub[s], p, b, bq, q0 + i0, nq[s], h, dh + i0, dp);
+        if (rows[s].ulo < ulo) ulo = rows[s].ulo;
+        if (rows[s].uhi > uhi) uhi = rows[s].uhi;
+        nsub++;
     }
-    for (int x = 0; x < d; x++)
-        for (int i = nq; i < BQ; i++)
-            B.qt[(ptrdiff_t)x * BQ + i] = B.dot[(ptrdiff_t)x * BQ + i] = 0;
-    for (int i = nq; i < BQ; i++) { /* padding columns: P = 0 */
-        B.lse[i] = INFINITY;
-        B.dd[i] = 0.0f;
-    }
-    memset(B.dq, 0, (size_t)nq4 * dp * sizeof(float));
 
     fa_tm_rel rel;
-    for (int64_t j0 = rows.ulo; j0 < rows.uhi; j0 += BK) {
-        const int nk = rows.uhi - j0 < BK ? (int)(rows.uhi - j0) : BK, nk4 = fa_tm_pad4(nk);
-        const int kind = fa_tm_classify(&rows, j0, j0 + nk);
-        if (kind == FA_TM_NONE) continue;
-        /* in place where possible, as in pass 1 */
-        const float *kp = B.kf, *vp = B.vf;
-        ptrdiff_t kld = dp, vld = dp;
-        if (dt == FA_DTYPE_F32 && d == dp && nk == nk4) {
-            kp = (const float *)fa_tm_row(&p->k, es, bk, k0 + j0, hk);
-            vp = (const float *)fa_tm_row(&p->v, es, bk, k0 + j0, hk);
-            kld = (ptrdiff_t)p->k.st;
-            vld = (ptrdiff_t)p->v.st;
-        } else {
-            for (int j = 0; j < nk; j++) {
-                fa_tm_load_row(B.kf + (ptrdiff_t)j * dp,
-                               fa_tm_row(&p->k, es, bk, k0 + j0 + j, hk), dt, d, dp, 1.0f);
-                fa_tm_load_row(B.vf + (ptrdiff_t)j * dp,
-                               fa_tm_row(&p->v, es, bk, k0 + j0 + j, hk), dt, d, dp, 1.0f);
-            }
-            memset(B.kf + (ptrdiff_t)nk * dp, 0, (size_t)(nk4 - nk) * dp * sizeof(float));
-            memset(B.vf + (ptrdiff_t)nk * dp, 0, (size_t)(nk4 - nk) * dp * sizeof(float));
+    for (int64_t j0 = ulo; j0 < uhi; j0 += BK) {
+        const int nk = uhi - j0 < BK ? (int)(uhi - j0) : BK, nk4 = fa_tm_pad4(nk);
+        int kind[BWD_QSUB], any = 0;
+        for (int s = 0; s < nsub; s++) {
+            kind[s] = fa_tm_classify(&rows[s], j0, j0 + nk);
+            any |= kind[s] != FA_TM_NONE;
         }
-        fa_tm_ahead ahead; /* next key tile, fetched during this one's exponentials */
-        fa_tm_ahead_init(&ahead, &p->k, &p->v, es, bk, k0 + j0 + BK, rows.uhi - j0 - BK, hk, d);
-
-        fa_tm_gemm_set(nk4, BQ, d, kp, kld, 1, B.qt, BQ, B.st, BQ);
-        fa_tm_gemm_set(nk4, BQ, d, vp, vld, 1, B.dot, BQ, B.dpt, BQ);
-        const int transform = fa_tm_needs_transform(kind, cap, slope);
-        if (transform) {
-            fa_tm_rel_init(&rel, &rows, j0);
-            fa_tm_scores_kmajor(B.st, cap > 0 ? B.g : NULL, nk, nq4, &rel, p->scale, cap, slope,
-                                kind == FA_TM_PARTIAL);
-        }
-        const fa_vf vmul = fa_vset1(transform ? 1.0f : p->scale);
+        if (!any) continue;
+        /* packed even where fp32 rows could be read in place, as in the forward */
         for (int j = 0; j < nk; j++) {
-            const float *restrict s = B.st + (ptrdiff_t)j * BQ;
-            float *restrict ds = B.dpt + (ptrdiff_t)j * BQ;
-            fa_tm_ahead_row(&ahead, j);
-            /* all BQ columns: padding ones have LSE +inf, so P = 0 there */
-            for (int i = 0; i < BQ; i += FA_VW)
-                fa_vstore(ds + i, fa_vexp(fa_vload(s + i) * vmul - fa_vload(B.lse + i)) *
-                                      (fa_vload(ds + i) - fa_vload(B.dd + i)));
-            if (cap > 0) {
-                const float *restrict g = B.g + (ptrdiff_t)j * BQ;
-                FA_TM_SIMD
-                for (int i = 0; i < nq4; i++) ds[i] *= g[i];
-            }
+            fa_tm_load_row(B.kf + (ptrdiff_t)j * dp, fa_tm_row(&p->k, es, bk, k0 + j0 + j, hk),
+                           dt, d, dp, 1.0f);
+            fa_tm_load_row(B.vf + (ptrdiff_t)j * dp, fa_tm_row(&p->v, es, bk, k0 + j0 + j, hk),
+                           dt, d, dp, 1.0f);
         }
-        /* dQ[i] += sum_j dS[j][i] K[j]: A is dS read down its columns */
-        fa_tm_gemm(nq4, dp, nk, B.dpt, 1, BQ, kp, kld, B.dq, dp);
+        memset(B.kf + (ptrdiff_t)nk * dp, 0, (size_t)(nk4 - nk) * dp * sizeof(float));
+        memset(B.vf + (ptrdiff_t)nk * dp, 0, (size_t)(nk4 - nk) * dp * sizeof(float));
+        fa_tm_ahead ahead; /* next key tile, fetched during the first query tile's exponentials */
+        fa_tm_ahead_init(&ahead, &p->k, &p->v, es, bk, k0 + j0 + BK, uhi - j0 - BK, hk, d);
+        const fa_tm_ahead *next = &ahead;
+
+        for (int s = 0; s < nsub; s++) {
+            if (kind[s] == FA_TM_NONE) continue;
+            const q_sub *U = &B.sub[s];
+            const int nq4 = fa_tm_pad4(nq[s]);
+            fa_tm_gemm_set(nk4, BQ, d, B.kf, dp, 1, U->qt, BQ, B.st, BQ);
+            fa_tm_gemm_set(nk4, BQ, d, B.vf, dp, 1, U->dot, BQ, B.dpt, BQ);
+            const int transform = fa_tm_needs_transform(kind[s], cap, slope);
+            if (transform) {
+                fa_tm_rel_init(&rel, &rows[s], j0);
+                fa_tm_scores_kmajor(B.st, cap > 0 ? B.g : NULL, nk, nq4, &rel, p->scale, cap,
+                                    slope, kind[s] == FA_TM_PARTIAL);
+            }
+            /* P = 2^(log2e (mul s - LSE)), as the forward's exponentials */
+            const fa_vf vmul2 = fa_vset1((transform ? 1.0f : p->scale) * FA_LOG2E);
+            for (int j = 0; j < nk; j++) {
+                const float *restrict st = B.st + (ptrdiff_t)j * BQ;
+                float *restrict ds = B.dpt + (ptrdiff_t)j * BQ;
+                if (next) fa_tm_ahead_row(next, j);
+                /* all BQ columns: padding ones have LSE +inf, so P = 0 there */
+                for (int i = 0; i < BQ; i += FA_VW)
+                    fa_vstore(ds + i,
+                              fa_vexp2_softmax(fa_vload(st + i) * vmul2 - fa_vload(U->lse2 + i)) *
+                                  (fa_vload(ds + i) - fa_vload(U->dd + i)));
+                if (cap > 0) {
+                    const float *restrict g = B.g + (ptrdiff_t)j * BQ;
+                    FA_TM_SIMD
+                    for (int i = 0; i < nq4; i++) ds[i] *= g[i];
+                }
+            }
+            next = NULL;
+            /* dQ[i] += sum_j dS[j][i] K[j]: A is dS read down its columns */
+            fa_tm_gemm(nq4, dp, nk, B.dpt, 1, BQ, B.kf, dp, U->dq, dp);
+        }
     }
 
-    for (int i = 0; i < nq; i++)
-        fa_tm_store_row(fa_tm_row(&p->dq, es, bq, q0 + i0 + i, h), dt, B.dq + (ptrdiff_t)i * dp, d,
-                        p->scale);
+    for (int s = 0; s < nsub; s++)
+        for (int i = 0; i < nq[s]; i++)
+            fa_tm_store_row(fa_tm_row(&p->dq, es, bq, q0 + (g0 + s) * BQ + i, h), dt,
+                            B.sub[s].dq + (ptrdiff_t)i * dp, d, p->scale);
 }
 
 static int64_t max_len(const int32_t *cu, int64_t batch, int64_t fixed) {
@@ -381,7 +444,12 @@ void FA_ISA_FN(fa_cpu_bwd_tiled)(const fa_problem *p, void *ws, int threads) {
     const int64_t ntq = (max_len(p->cu_q, p->batch, p->seqlen_q) + BQ - 1) / BQ;
     const int64_t ntk = (max_len(p->cu_k, p->batch, p->seqlen_k) + BK - 1) / BK;
     const int64_t q_items = p->batch * p->heads_q * ntq;
-    const int64_t kv_items = p->batch * p->heads_kv * ntk;
+    const int qgs = fa_tm_group(ntq, p->batch * p->heads_q, threads, BWD_QSUB);
+    const int64_t nqg = (ntq + qgs - 1) / qgs;
+    const int64_t qg_items = p->batch * p->heads_q * nqg;
+    const int kgs = fa_tm_group(ntk, p->batch * p->heads_kv, threads, BWD_KSUB);
+    const int64_t nkg = (ntk + kgs - 1) / kgs;
+    const int64_t kv_items = p->batch * p->heads_kv * nkg;
 
 #pragma omp parallel for num_threads(threads) schedule(dynamic)
     for (int64_t w = 0; w < q_items; w++) {
@@ -392,15 +460,15 @@ void FA_ISA_FN(fa_cpu_bwd_tiled)(const fa_problem *p, void *ws, int threads) {
     /* first key tiles first: under a causal mask they are seen by the most rows */
 #pragma omp parallel for num_threads(threads) schedule(dynamic)
     for (int64_t w = 0; w < kv_items; w++) {
-        const int64_t bh = w / ntk;
-        kv_item(p, bh / p->heads_kv, bh % p->heads_kv, (w % ntk) * BK,
+        const int64_t bh = w / nkg;
+        kv_item(p, bh / p->heads_kv, bh % p->heads_kv, (w % nkg) * kgs, kgs,
                 base + per_thread * (size_t)fa_tm_tid(), D);
     }
 
 #pragma omp parallel for num_threads(threads) schedule(dynamic)
-    for (int64_t w = 0; w < q_items; w++) {
-        const int64_t t = ntq - 1 - w % ntq, bh = w / ntq;
-        q_item(p, bh / p->heads_q, bh % p->heads_q, t * BQ, base + per_thread * (size_t)fa_tm_tid(),
-               D);
+    for (int64_t w = 0; w < qg_items; w++) {
+        const int64_t g = nqg - 1 - w % nqg, bh = w / nqg;
+        q_item(p, bh / p->heads_q, bh % p->heads_q, g * qgs, qgs,
+               base + per_thread * (size_t)fa_tm_tid(), D);
     }
 }

@@ -1,7 +1,7 @@
 /*
  * cpu/fwd_tiled.c — FlashAttention forward on the CPU.
  *
- * A work item is a group of up to FWD_QSUB consecutive query tiles of one (batch, head). It
+ * A work item is a run of up to FWD_QSUB consecutive query tiles of one (batch, head). It
  * streams the key tiles its rows can see through an online softmax (running max and sum,
  * accumulator rescaled when the max grows, one division at the end), so a thread needs
  * O(tile) memory whatever the sequence length. The tiles of a group share each key tile while
@@ -167,9 +167,10 @@ FA_TM_INLINE void sub_store(const fwd_sub *U, const fa_tm_qrows *rows, const fa_
     }
 }
 
-/* Query tiles g0 .. g0 + FWD_QSUB - 1 (those that exist) of (b, h). */
+/* Query tiles g0 .. g0 + gsize - 1 (those that exist; gsize <= FWD_QSUB) of (b, h). */
 FA_TM_HOT
-static void fwd_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, float *ws) {
+static void fwd_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int gsize,
+                     float *ws) {
     int64_t q0, sq, k0, sk;
     fa_seq_bounds(p, b, &q0, &sq, &k0, &sk);
     const fa_dtype dt = p->dtype;
@@ -183,7 +184,7 @@ static void fwd_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, floa
     fa_tm_qrows rows[FWD_QSUB];
     int nq[FWD_QSUB], nsub = 0;
     int64_t ulo = INT64_MAX, uhi = INT64_MIN;
-    for (int s = 0; s < FWD_QSUB; s++) {
+    for (int s = 0; s < gsize; s++) {
         const int64_t i0 = (g0 + s) * BQ;
         if (i0 >= sq) break;
         nq[s] = sq - i0 < BQ ? (int)(sq - i0) : BQ;
@@ -264,13 +265,14 @@ void FA_ISA_FN(fa_cpu_fwd_tiled)(const fa_problem *p, void *ws, int threads) {
     const size_t per_thread = fwd_layout(p->d, NULL, &unused);
     float *base = fa_tm_align(ws);
     const int64_t ntq = (max_seqlen_q(p) + BQ - 1) / BQ;
-    const int64_t ngroups = (ntq + FWD_QSUB - 1) / FWD_QSUB;
+    const int gsize = fa_tm_group(ntq, p->batch * p->heads_q, threads, FWD_QSUB);
+    const int64_t ngroups = (ntq + gsize - 1) / gsize;
     const int64_t items = p->batch * p->heads_q * ngroups;
 #pragma omp parallel for num_threads(threads) schedule(dynamic)
     for (int64_t w = 0; w < items; w++) {
         /* last tiles first: under a causal mask they are the longest */
         const int64_t g = ngroups - 1 - w % ngroups, bh = w / ngroups;
-        fwd_item(p, bh / p->heads_q, bh % p->heads_q, g * FWD_QSUB,
+        fwd_item(p, bh / p->heads_q, bh % p->heads_q, g * gsize, gsize,
                  base + per_thread * (size_t)fa_tm_tid());
     }
 }

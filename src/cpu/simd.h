@@ -150,6 +150,31 @@ FA_V_INLINE fa_vf fa_vexp2_softmax(fa_vf t) {
 #endif
 }
 
+/* dst[i] = 2^(mul2 * src[i] - sub2) for i < n by fa_vexp2_softmax (a softmax row whose scale
+   and max are given in log2 units), any n; returns the sum of the results. */
+FA_V_INLINE float fa_vexp2_row(float *dst, const float *src, int n, float mul2, float sub2) {
+    fa_vf acc = {0};
+    const fa_vf vs = fa_vset1(sub2), vm = fa_vset1(mul2);
+    int i = 0;
+    for (; i + FA_VW <= n; i += FA_VW) {
+        fa_vf e = fa_vexp2_softmax(fa_vload(src + i) * vm - vs);
+        fa_vstore(dst + i, e);
+        acc += e;
+    }
+    float sum = 0.0f;
+    for (int l = 0; l < FA_VW; l++) sum += acc[l];
+    if (i < n) {
+        float tmp[FA_VW];
+        for (int l = 0; l < FA_VW; l++) tmp[l] = i + l < n ? mul2 * src[i + l] - sub2 : -INFINITY;
+        fa_vf e = fa_vexp2_softmax(fa_vload(tmp));
+        for (int l = 0; i + l < n; l++) {
+            dst[i + l] = e[l];
+            sum += e[l];
+        }
+    }
+    return sum;
+}
+
 /* dst[i] = exp(mul * src[i] - sub) for i < n, any n (the tail through a padded vector);
    returns the sum of the results. */
 FA_V_INLINE float fa_vexp_row(float *dst, const float *src, int n, float mul, float sub) {

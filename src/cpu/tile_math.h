@@ -324,6 +324,15 @@ FA_TM_INLINE void fa_tm_gemm_set_max(int m, int n, int kdim, const float *a, ptr
     fa_tm_gemm_x(0, m, n, kdim, a, ars, aks, b, ldb, c, ldc, cmax);
 }
 
+/* Tiles per work item for kernels whose items take a run of consecutive tiles sharing each
+   tile of the other operand: up to max, but halved while that would leave fewer than four
+   items per thread (streams = independent (batch, head) sequences of `tiles` tiles). */
+FA_TM_INLINE int fa_tm_group(int64_t tiles, int64_t streams, int threads, int max) {
+    int g = max;
+    while (g > 1 && streams * ((tiles + g - 1) / g) < 4 * (int64_t)threads) g /= 2;
+    return g;
+}
+
 /* ---- masks ---- */
 
 /* The query rows of one tile and the keys each sees (absolute positions in the sequence). */
