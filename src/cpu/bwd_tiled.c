@@ -1,17 +1,20 @@
 /*
  * cpu/bwd_tiled.c — FlashAttention backward on the CPU, by recomputation from LSE.
  *
- * No probability matrix is stored and no atomics are used, so results are bit-identical run
- * to run whatever the thread count:
- *   pass 0  D_i = rowsum(dO * O) for every query row (the only O(seqlen) buffer: one float
- *           per row and query head, in the workspace);
- *   pass 1  a work item per (batch, kv head, key tile) rebuilds P and dS for every query tile
- *           of every query head of its group that sees the key tile, and owns that tile's dK
- *           and dV (so the group's sum needs no reduction across threads);
- *   pass 2  a work item per (batch, query head, query tile) rebuilds them again for its rows
- *           and owns their dQ.
- * Pass 1 keeps scores query-major (K and V transposed once per item), pass 2 key-major (Q and
- * dO transposed once per item), so nothing is transposed per tile pair.
+ * No probability matrix is stored and no atomics are used: every sum has a fixed order, so
+ * results are bit-identical run to run (the schedule below depends on the thread count, so
+ * across thread counts they may differ in the last bits).
+ *   pass 0  D_i = rowsum(dO * O) for every query row (one float per row and query head, in
+ *           the workspace);
+ *   pass 1  a work item per (batch, kv head, run of key tiles) rebuilds P and dS for every
+ *           query tile of every query head of its group that sees the key tiles, and owns
+ *           their dK and dV (so the group's sum needs no reduction across threads);
+ *   pass 2  a work item per (batch, query head, run of query tiles) rebuilds them again for
+ *           its rows and owns their dQ.
+ * With enough kv heads for the threads, the one-pass schedule (see one_pass()) replaces the
+ * two: a pass-1 item per whole kv head also sums dQ += dS K into a per-thread buffer, and pass
+ * 2 is not needed. Pass 1 keeps scores query-major (K and V transposed once per item), pass 2
+ * key-major (Q and dO transposed once per item), so nothing is transposed per tile pair.
  *
  * Scores are rebuilt exactly as the forward built them (the scale placed as
  * fa_tm_needs_transform in tile_math.h describes), so P = exp(s - LSE) matches the forward's
@@ -19,6 +22,7 @@
  * dK = scale sum_i dS g Q and dQ = scale sum_j dS g K, the scale applied when they are stored.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -32,13 +36,14 @@
 #define BWD_KSUB 4
 typedef struct kv_sub {
     float *kt, *vt; /* d x BK: K and V tiles transposed (columns past the keys zero) */
+    float *kf;      /* BK x dp: K tile packed by rows (one-pass schedule: dQ += dS K) */
     float *dk, *dv; /* BK x dp: gradient accumulators of the key tile */
 } kv_sub;
 
 typedef struct kv_bufs {
     float *qf, *dof;    /* BQ x dp: Q and dO tiles, packed */
     float *s, *dps, *g; /* BQ x BK: scores -> P; dP -> dS; softcap derivative */
-    float *lse2, *dd;   /* BQ: LSE times log2 e (+inf for rows with none) and D of the rows */
+    float *lse, *dd;    /* BQ: LSE (+inf for rows with none) and D of the query rows */
     kv_sub sub[BWD_KSUB];
 } kv_bufs;
 
@@ -48,7 +53,7 @@ typedef struct kv_bufs {
 typedef struct q_sub {
     float *qt, *dot; /* d x BQ: Q and dO tiles, transposed */
     float *dq;       /* BQ x dp: gradient accumulator of the query tile */
-    float *lse2, *dd; /* BQ: LSE times log2 e (+inf for rows with none), D */
+    float *lse, *dd;  /* BQ: LSE (+inf for rows with none) and D */
 } q_sub;
 
 typedef struct q_bufs {
@@ -64,12 +69,13 @@ static size_t kv_layout(int64_t d, float *base, kv_bufs *b) {
     b->s = fa_tm_take(base, &off, (size_t)BQ * BK);
     b->dps = fa_tm_take(base, &off, (size_t)BQ * BK);
     b->g = fa_tm_take(base, &off, (size_t)BQ * BK);
-    b->lse2 = fa_tm_take(base, &off, BQ);
+    b->lse = fa_tm_take(base, &off, BQ);
     b->dd = fa_tm_take(base, &off, BQ);
     for (int s = 0; s < BWD_KSUB; s++) {
         kv_sub *u = &b->sub[s];
         u->kt = fa_tm_take(base, &off, (size_t)d * BK);
         u->vt = fa_tm_take(base, &off, (size_t)d * BK);
+        u->kf = fa_tm_take(base, &off, BK * dp);
         u->dk = fa_tm_take(base, &off, BK * dp);
         u->dv = fa_tm_take(base, &off, BK * dp);
     }
@@ -88,7 +94,7 @@ static size_t q_layout(int64_t d, float *base, q_bufs *b) {
         u->qt = fa_tm_take(base, &off, (size_t)d * BQ);
         u->dot = fa_tm_take(base, &off, (size_t)d * BQ);
         u->dq = fa_tm_take(base, &off, BQ * dp);
-        u->lse2 = fa_tm_take(base, &off, BQ);
+        u->lse = fa_tm_take(base, &off, BQ);
         u->dd = fa_tm_take(base, &off, BQ);
     }
     return off;
@@ -111,6 +117,47 @@ static int64_t d_off(const fa_problem *p, int64_t b, int64_t h, int64_t q0) {
     return h * d_rows(p) + (p->cu_q ? q0 : b * p->seqlen_q);
 }
 
+static int64_t max_len(const int32_t *cu, int64_t batch, int64_t fixed) {
+    if (!cu) return fixed;
+    int64_t mx = 0;
+    for (int64_t b = 0; b < batch; b++)
+        if (cu[b + 1] - cu[b] > mx) mx = cu[b + 1] - cu[b];
+    return mx;
+}
+
+/*
+ * The one-pass schedule: a work item is a whole kv head (its key tiles in order, BWD_KSUB at
+ * a time), which then also owns the dQ of its query heads, summed in a per-thread buffer in a
+ * fixed order: 5 matmuls per tile pair instead of the two-pass schedule's 7 (pass 2 rebuilds P
+ * and dS), still deterministic. Used where there are enough kv heads to keep every thread busy
+ * and the buffer stays small; the two passes otherwise.
+ */
+#define BWD_DQ_MAX_BYTES ((size_t)64 << 20)
+
+static int64_t dq_rows(const fa_problem *p) {
+    return max_len(p->cu_q, p->batch, p->seqlen_q) + 4; /* + the last tile's padding rows */
+}
+
+static size_t dq_floats(const fa_problem *p) {
+    return ((size_t)(p->group * dq_rows(p) * fa_tm_pad16((int)p->d)) + 15) & ~(size_t)15;
+}
+
+/* FLASHATTN_CPU_BWD_SCHEDULE=one-pass or two-pass forces a schedule (the tests run both
+   whatever the machine's core count). */
+static int one_pass(const fa_problem *p, int threads) {
+    const char *force = getenv("FLASHATTN_CPU_BWD_SCHEDULE");
+    if (force && strcmp(force, "one-pass") == 0) return 1;
+    if (force && strcmp(force, "two-pass") == 0) return 0;
+    return p->batch * p->heads_kv >= 2 * (int64_t)threads &&
+           dq_floats(p) * sizeof(float) <= BWD_DQ_MAX_BYTES;
+}
+
+static size_t thread_floats(const fa_problem *p, int threads) {
+    kv_bufs a;
+    return one_pass(p, threads) ? kv_layout(p->d, NULL, &a) + dq_floats(p)
+                                : per_thread_floats(p->d);
+}
+
 fa_cpu_tiles FA_ISA_FN(fa_cpu_bwd_tiled_tiles)(const fa_problem *p) {
     (void)p;
     fa_cpu_tiles t = {BQ, BK};
@@ -120,7 +167,7 @@ fa_cpu_tiles FA_ISA_FN(fa_cpu_bwd_tiled_tiles)(const fa_problem *p) {
 size_t FA_ISA_FN(fa_cpu_bwd_tiled_ws)(const fa_problem *p, int threads) {
     if (threads < 1) threads = 1;
     size_t dfloats = ((size_t)(p->heads_q * d_rows(p)) + 15) & ~(size_t)15;
-    return FA_TM_WS_SLACK + (dfloats + (size_t)threads * per_thread_floats(p->d)) * sizeof(float);
+    return FA_TM_WS_SLACK + (dfloats + (size_t)threads * thread_floats(p, threads)) * sizeof(float);
 }
 
 /* LSE of a row as the exponentials want it: a row that saw no key (-inf) must give P = 0,
@@ -170,10 +217,10 @@ static int64_t first_row(const fa_problem *p, int64_t sq, int64_t sk, int64_t a,
     return a;
 }
 
-/* Loads key tile [t0, t0 + nk) of kv head hk (K and V transposed) into U, zeroes its
-   gradient accumulators. */
+/* Loads key tile [t0, t0 + nk) of kv head hk (K and V transposed; K by rows too when rows)
+   into U, zeroes its gradient accumulators. */
 FA_TM_INLINE void kv_sub_init(const kv_sub *U, const fa_problem *p, int64_t bk, int64_t t0,
-                              int nk, int64_t hk, int dp) {
+                              int nk, int64_t hk, int dp, int rows) {
     const fa_dtype dt = p->dtype;
     const size_t es = fa_dtype_size(dt);
     const int d = (int)p->d;
@@ -188,12 +235,18 @@ FA_TM_INLINE void kv_sub_init(const kv_sub *U, const fa_problem *p, int64_t bk, 
         for (int j = nk; j < BK; j++) U->kt[(ptrdiff_t)x * BK + j] = U->vt[(ptrdiff_t)x * BK + j] = 0;
     memset(U->dk, 0, (size_t)fa_tm_pad4(nk) * dp * sizeof(float));
     memset(U->dv, 0, (size_t)fa_tm_pad4(nk) * dp * sizeof(float));
+    if (rows)
+        for (int j = 0; j < nk; j++)
+            fa_tm_load_row(U->kf + (ptrdiff_t)j * dp, fa_tm_row(&p->k, es, bk, t0 + j, hk), dt, d,
+                           dp, 1.0f);
 }
 
-/* Key tiles g0 .. g0 + gsize - 1 (those that exist; gsize <= BWD_KSUB) of (b, kv head hk). */
+/* Key tiles g0 .. g0 + gsize - 1 (those that exist; gsize <= BWD_KSUB) of (b, kv head hk):
+   their dK and dV, and, when dq is not NULL, dQ += dS K into dq (the one-pass schedule: rows
+   of query head hk * group + r at dq + (r * dq_rows + i) * dp, unscaled). */
 FA_TM_HOT
 static void kv_item(const fa_problem *p, int64_t b, int64_t hk, int64_t g0, int gsize,
-                    float *ws, const float *D) {
+                    float *ws, const float *D, float *dq, int64_t dq_rows) {
     int64_t q0, sq, k0, sk;
     fa_seq_bounds(p, b, &q0, &sq, &k0, &sk);
     const fa_dtype dt = p->dtype;
@@ -209,7 +262,7 @@ static void kv_item(const fa_problem *p, int64_t b, int64_t hk, int64_t g0, int 
         const int64_t j0 = (g0 + s) * BK;
         if (j0 >= sk) break;
         nk[s] = sk - j0 < BK ? (int)(sk - j0) : BK;
-        kv_sub_init(&B.sub[s], p, bk, k0 + j0, nk[s], hk, dp);
+        kv_sub_init(&B.sub[s], p, bk, k0 + j0, nk[s], hk, dp, dq != NULL);
         nsub++;
     }
     if (nsub == 0) return;
@@ -236,7 +289,7 @@ static void kv_item(const fa_problem *p, int64_t b, int64_t hk, int64_t g0, int 
             if (!any) continue;
             for (int i = 0; i < nq; i++) {
                 const int64_t t = q0 + i0 + i;
-                B.lse2[i] = lse_ref(p, b, h, t) * FA_LOG2E;
+                B.lse[i] = lse_ref(p, b, h, t);
                 B.dd[i] = dh[i0 + i];
             }
             /* packed even where fp32 rows could be read in place, as in the forward */
@@ -265,14 +318,14 @@ static void kv_item(const fa_problem *p, int64_t b, int64_t hk, int64_t g0, int 
                     fa_tm_scores_qmajor(B.s, cap > 0 ? B.g : NULL, nq, n, &rel, p->scale, cap,
                                         slope, kind[s] == FA_TM_PARTIAL);
                 }
-                const float mul2 = (transform ? 1.0f : p->scale) * FA_LOG2E;
+                const float mul = transform ? 1.0f : p->scale;
                 for (int i = 0; i < nq; i++) {
                     float *restrict sr = B.s + (ptrdiff_t)i * BK;
                     float *restrict ds = B.dps + (ptrdiff_t)i * BK;
                     const float *restrict g = B.g + (ptrdiff_t)i * BK;
                     const float di = B.dd[i];
                     if (next) fa_tm_ahead_row(next, i);
-                    fa_vexp2_row(sr, sr, n, mul2, B.lse2[i]); /* P, as the forward's */
+                    fa_vexp_softmax_row(sr, sr, n, mul, B.lse[i]); /* P, as the forward's */
                     {
                         const fa_vf vdi = fa_vset1(di);
                         int j = 0;
@@ -291,6 +344,10 @@ static void kv_item(const fa_problem *p, int64_t b, int64_t hk, int64_t g0, int 
                    the end) */
                 fa_tm_gemm(n4, dp, nq, B.s, 1, BK, B.dof, dp, U->dv, dp);
                 fa_tm_gemm(n4, dp, nq, B.dps, 1, BK, B.qf, dp, U->dk, dp);
+                /* dQ[i] += sum_j dS[i][j] K[j] (rows past the tile: dS is 0 there) */
+                if (dq)
+                    fa_tm_gemm(nq4, dp, n, B.dps, BK, 1, U->kf, dp,
+                               dq + ((h - hk * p->group) * dq_rows + i0) * dp, dp);
             }
         }
     }
@@ -322,14 +379,14 @@ FA_TM_INLINE void q_sub_init(const q_sub *U, const fa_problem *p, int64_t b, int
         const int64_t t = t0 + i;
         fa_tm_load_col(U->qt + i, BQ, fa_tm_row(&p->q, es, bq, t, h), dt, d, 1.0f);
         fa_tm_load_col(U->dot + i, BQ, fa_tm_row(&p->dout, es, bq, t, h), dt, d, 1.0f);
-        U->lse2[i] = lse_ref(p, b, h, t) * FA_LOG2E;
+        U->lse[i] = lse_ref(p, b, h, t);
         U->dd[i] = dh[i];
     }
     for (int x = 0; x < d; x++)
         for (int i = nq; i < BQ; i++)
             U->qt[(ptrdiff_t)x * BQ + i] = U->dot[(ptrdiff_t)x * BQ + i] = 0;
     for (int i = nq; i < BQ; i++) { /* padding columns: P = 0 */
-        U->lse2[i] = INFINITY;
+        U->lse[i] = INFINITY;
         U->dd[i] = 0.0f;
     }
     memset(U->dq, 0, (size_t)fa_tm_pad4(nq) * dp * sizeof(float));
@@ -398,8 +455,8 @@ static void q_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int gs
                 fa_tm_scores_kmajor(B.st, cap > 0 ? B.g : NULL, nk, nq4, &rel, p->scale, cap,
                                     slope, kind[s] == FA_TM_PARTIAL);
             }
-            /* P = 2^(log2e (mul s - LSE)), as the forward's exponentials */
-            const fa_vf vmul2 = fa_vset1((transform ? 1.0f : p->scale) * FA_LOG2E);
+            /* P = exp(mul s - LSE), as the forward's exponentials */
+            const fa_vf vmul = fa_vset1(transform ? 1.0f : p->scale);
             for (int j = 0; j < nk; j++) {
                 const float *restrict st = B.st + (ptrdiff_t)j * BQ;
                 float *restrict ds = B.dpt + (ptrdiff_t)j * BQ;
@@ -407,7 +464,7 @@ static void q_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int gs
                 /* all BQ columns: padding ones have LSE +inf, so P = 0 there */
                 for (int i = 0; i < BQ; i += FA_VW)
                     fa_vstore(ds + i,
-                              fa_vexp2_softmax(fa_vload(st + i) * vmul2 - fa_vload(U->lse2 + i)) *
+                              fa_vexp_softmax(fa_vload(st + i) * vmul - fa_vload(U->lse + i)) *
                                   (fa_vload(ds + i) - fa_vload(U->dd + i)));
                 if (cap > 0) {
                     const float *restrict g = B.g + (ptrdiff_t)j * BQ;
@@ -427,20 +484,12 @@ static void q_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int gs
                             B.sub[s].dq + (ptrdiff_t)i * dp, d, p->scale);
 }
 
-static int64_t max_len(const int32_t *cu, int64_t batch, int64_t fixed) {
-    if (!cu) return fixed;
-    int64_t mx = 0;
-    for (int64_t b = 0; b < batch; b++)
-        if (cu[b + 1] - cu[b] > mx) mx = cu[b + 1] - cu[b];
-    return mx;
-}
-
 void FA_ISA_FN(fa_cpu_bwd_tiled)(const fa_problem *p, void *ws, int threads) {
     if (threads < 1) threads = 1;
     float *D = fa_tm_align(ws);
     const size_t dfloats = ((size_t)(p->heads_q * d_rows(p)) + 15) & ~(size_t)15;
     float *base = D + dfloats;
-    const size_t per_thread = per_thread_floats(p->d);
+    const size_t per_thread = thread_floats(p, threads);
     const int64_t ntq = (max_len(p->cu_q, p->batch, p->seqlen_q) + BQ - 1) / BQ;
     const int64_t ntk = (max_len(p->cu_k, p->batch, p->seqlen_k) + BK - 1) / BK;
     const int64_t q_items = p->batch * p->heads_q * ntq;
@@ -457,12 +506,35 @@ void FA_ISA_FN(fa_cpu_bwd_tiled)(const fa_problem *p, void *ws, int threads) {
         rowdot_item(p, bh / p->heads_q, bh % p->heads_q, (w % ntq) * BQ, D);
     }
 
+    if (one_pass(p, threads)) {
+        kv_bufs unused;
+        const size_t kvf = kv_layout(p->d, NULL, &unused);
+        const int64_t rows = dq_rows(p), dp = fa_tm_pad16((int)p->d);
+#pragma omp parallel for num_threads(threads) schedule(dynamic)
+        for (int64_t w = 0; w < p->batch * p->heads_kv; w++) {
+            const int64_t b = w / p->heads_kv, hk = w % p->heads_kv;
+            float *t = base + per_thread * (size_t)fa_tm_tid(), *dq = t + kvf;
+            memset(dq, 0, dq_floats(p) * sizeof(float));
+            for (int64_t g0 = 0; g0 < ntk; g0 += BWD_KSUB)
+                kv_item(p, b, hk, g0, BWD_KSUB, t, D, dq, rows);
+            int64_t q0, sq, k0, sk;
+            fa_seq_bounds(p, b, &q0, &sq, &k0, &sk);
+            const size_t es = fa_dtype_size(p->dtype);
+            const int64_t bq = p->cu_q ? 0 : b;
+            for (int64_t r = 0; r < p->group; r++)
+                for (int64_t i = 0; i < sq; i++)
+                    fa_tm_store_row(fa_tm_row(&p->dq, es, bq, q0 + i, hk * p->group + r),
+                                    p->dtype, dq + (r * rows + i) * dp, (int)p->d, p->scale);
+        }
+        return;
+    }
+
     /* first key tiles first: under a causal mask they are seen by the most rows */
 #pragma omp parallel for num_threads(threads) schedule(dynamic)
     for (int64_t w = 0; w < kv_items; w++) {
         const int64_t bh = w / nkg;
         kv_item(p, bh / p->heads_kv, bh % p->heads_kv, (w % nkg) * kgs, kgs,
-                base + per_thread * (size_t)fa_tm_tid(), D);
+                base + per_thread * (size_t)fa_tm_tid(), D, NULL, 0);
     }
 
 #pragma omp parallel for num_threads(threads) schedule(dynamic)

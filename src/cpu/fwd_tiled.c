@@ -83,7 +83,7 @@ size_t FA_ISA_FN(fa_cpu_fwd_tiled_ws)(const fa_problem *p, int threads) {
 FA_TM_INLINE void softmax_step(const fwd_sub *U, float *st, int nk, int nq4, int dp,
                                const fa_tm_ahead *ahead, int have_max, float mul) {
     /* mul > 0, and rounding is monotonic: the max of the scaled scores is the scaled max */
-    const fa_vf vmul = fa_vset1(mul), vmul2 = fa_vset1(mul * FA_LOG2E);
+    const fa_vf vmul = fa_vset1(mul);
     for (int i = 0; i < BQ; i += FA_VW) {
         const fa_vf mo = fa_vload(U->m + i);
         fa_vf mx = fa_vset1(-INFINITY);
@@ -96,12 +96,10 @@ FA_TM_INLINE void softmax_step(const fwd_sub *U, float *st, int nk, int nq4, int
            then gives exp(-inf) = 0 instead of exp(-inf - -inf) = NaN. */
         const fa_vf ref = fa_vsel(mx == -INFINITY, fa_vset1(0.0f), mx);
         const fa_vf alpha = fa_vexp(mo - ref);
-        /* exp(mul s - ref) = 2^(mul log2e s - log2e ref): one FMA, then the cheaper 2^t */
-        const fa_vf ref2 = ref * FA_LOG2E;
         fa_vf sum = {0};
         for (int j = 0; j < nk; j++) {
             float *s = st + (ptrdiff_t)j * BQ + i;
-            const fa_vf e = fa_vexp2_softmax(fa_vload(s) * vmul2 - ref2);
+            const fa_vf e = fa_vexp_softmax(fa_vload(s) * vmul - ref);
             fa_vstore(s, e);
             sum += e;
             if (i == 0 && ahead) fa_tm_ahead_row(ahead, j); /* spread: see fa_tm_ahead */
@@ -161,7 +159,7 @@ FA_TM_INLINE void sub_store(const fwd_sub *U, const fa_tm_qrows *rows, const fa_
             FA_TM_SIMD
             for (int x = 0; x < d; x++) o[x] /= li;
             fa_tm_store_row(orow, dt, o, d, 1.0f);
-            row_lse = U->m[i] + logf(li);
+            row_lse = (float)((double)U->m[i] + log((double)li)); /* one rounding */
         }
         if (lse) lse[b * p->lse_sb + h * p->lse_sh + t * p->lse_st] = row_lse;
     }

@@ -227,7 +227,8 @@ FA_TM_INLINE void alibi_rows(float *restrict sm, const kv_rows *R, const fa_tm_r
         float *restrict s = sm + (ptrdiff_t)r * BK;
         const float sl = R->slope[r], dg = rel->diag[r];
         FA_TM_SIMD
-        for (int j = 0; j < nk; j++) s[j] -= sl * fabsf(dg - (float)j);
+        for (int j = 0; j < nk; j++) /* in double, rounded once: see tile_math.h */
+            s[j] = (float)((double)s[j] - (double)sl * fabsf(dg - (float)j));
     }
 }
 

@@ -105,13 +105,16 @@ FA_V_INLINE fa_vf fa_vexp(fa_vf x) {
 #endif
 
 /*
- * 2^t for the softmax, whose exponents arrive in log2 units (the scale times log2 e folded
- * into the FMA that subtracts the running max, as the GPU kernels do): t = n + f with
- * n = round(t), f in [-1/2, 1/2] exact, 2^f by a degree-6 polynomial fitted for least
- * relative error on that interval (1.9e-9 in exact arithmetic; about 0.7 ulp in fp32 Horner
- * steps), then scaled by 2^n. t is clamped below at -150, where 2^t is 0 in fp32 (-inf gives
- * +0), with the NaN-preserving operand order; there is no upper clamp: softmax exponents are
- * at most a rounding above 0. About 11 instructions a vector where fa_vexp takes 17.
+ * exp(x) for softmax exponents x = mul * s - max (at most a rounding above 0), cheaper than
+ * fa_vexp: t = x log2 e (one rounding: relative error u |x| in the result, which only matters
+ * where e^x is small, so sum_j P_j |x_j| u <= u / e per row), t = n + f with n = round(t),
+ * f in [-1/2, 1/2] exact, 2^f by a degree-6 polynomial fitted for least relative error on
+ * that interval (1.9e-9 in exact arithmetic; about 0.7 ulp in fp32 Horner steps), scaled by
+ * 2^n. t is clamped below at -150, where 2^t is 0 in fp32 (-inf gives +0), in the
+ * NaN-preserving operand order; no upper clamp. About 12 instructions a vector where fa_vexp
+ * takes 17. (Folding log2 e into the FMA that subtracts the max, as GPU kernels do, would save
+ * the multiply but err by u |mul * s| where P is near 1: measured, it fails the backward's
+ * 2x rule at d 256 about once in 400 runs.)
  */
 #define FA_LOG2E 1.44269504088896341f
 #define FA_EXP2_C6 1.534581097e-4f
@@ -120,7 +123,8 @@ FA_V_INLINE fa_vf fa_vexp(fa_vf x) {
 #define FA_EXP2_C3 5.550328642e-2f
 #define FA_EXP2_C2 2.402264625e-1f
 #define FA_EXP2_C1 6.931471825e-1f
-FA_V_INLINE fa_vf fa_vexp2_softmax(fa_vf t) {
+FA_V_INLINE fa_vf fa_vexp_softmax(fa_vf x) {
+    fa_vf t = x * FA_LOG2E;
 #if defined(__AVX512F__)
     /* max returns its second operand when either is NaN: t last keeps NaN */
     t = (fa_vf)_mm512_max_ps(_mm512_set1_ps(-150.0f), (__m512)t);
@@ -150,14 +154,14 @@ FA_V_INLINE fa_vf fa_vexp2_softmax(fa_vf t) {
 #endif
 }
 
-/* dst[i] = 2^(mul2 * src[i] - sub2) for i < n by fa_vexp2_softmax (a softmax row whose scale
-   and max are given in log2 units), any n; returns the sum of the results. */
-FA_V_INLINE float fa_vexp2_row(float *dst, const float *src, int n, float mul2, float sub2) {
+/* dst[i] = exp(mul * src[i] - sub) for i < n by fa_vexp_softmax (a softmax row, sub its max
+   or LSE), any n; returns the sum of the results. */
+FA_V_INLINE float fa_vexp_softmax_row(float *dst, const float *src, int n, float mul, float sub) {
     fa_vf acc = {0};
-    const fa_vf vs = fa_vset1(sub2), vm = fa_vset1(mul2);
+    const fa_vf vs = fa_vset1(sub), vm = fa_vset1(mul);
     int i = 0;
     for (; i + FA_VW <= n; i += FA_VW) {
-        fa_vf e = fa_vexp2_softmax(fa_vload(src + i) * vm - vs);
+        fa_vf e = fa_vexp_softmax(fa_vload(src + i) * vm - vs);
         fa_vstore(dst + i, e);
         acc += e;
     }
@@ -165,8 +169,8 @@ FA_V_INLINE float fa_vexp2_row(float *dst, const float *src, int n, float mul2, 
     for (int l = 0; l < FA_VW; l++) sum += acc[l];
     if (i < n) {
         float tmp[FA_VW];
-        for (int l = 0; l < FA_VW; l++) tmp[l] = i + l < n ? mul2 * src[i + l] - sub2 : -INFINITY;
-        fa_vf e = fa_vexp2_softmax(fa_vload(tmp));
+        for (int l = 0; l < FA_VW; l++) tmp[l] = i + l < n ? mul * src[i + l] - sub : -INFINITY;
+        fa_vf e = fa_vexp_softmax(fa_vload(tmp));
         for (int l = 0; i + l < n; l++) {
             dst[i + l] = e[l];
             sum += e[l];
