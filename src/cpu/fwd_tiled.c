@@ -82,9 +82,13 @@ size_t FA_ISA_FN(fa_cpu_fwd_tiled_ws)(const fa_problem *p, int threads) {
  */
 FA_TM_INLINE void softmax_step(const fwd_sub *U, float *st, int nk, int nq4, int dp,
                                const fa_tm_ahead *ahead, int have_max, float mul) {
+    enum { NV = BQ / FA_VW }; /* vectors of query columns */
     /* mul > 0, and rounding is monotonic: the max of the scaled scores is the scaled max */
     const fa_vf vmul = fa_vset1(mul);
-    for (int i = 0; i < BQ; i += FA_VW) {
+    fa_vf ref[NV], sum[NV];
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; v++) {
+        const int i = v * FA_VW;
         const fa_vf mo = fa_vload(U->m + i);
         fa_vf mx = fa_vset1(-INFINITY);
         if (have_max)
@@ -94,19 +98,27 @@ FA_TM_INLINE void softmax_step(const fwd_sub *U, float *st, int nk, int nq4, int
         mx = fa_vmax(mo, mx * vmul);
         /* A row that has seen only masked keys keeps max -inf; taking exponentials against 0
            then gives exp(-inf) = 0 instead of exp(-inf - -inf) = NaN. */
-        const fa_vf ref = fa_vsel(mx == -INFINITY, fa_vset1(0.0f), mx);
-        const fa_vf alpha = fa_vexp(mo - ref);
-        fa_vf sum = {0};
-        for (int j = 0; j < nk; j++) {
-            float *s = st + (ptrdiff_t)j * BQ + i;
-            const fa_vf e = fa_vexp_softmax(fa_vload(s) * vmul - ref);
-            fa_vstore(s, e);
-            sum += e;
-            if (i == 0 && ahead) fa_tm_ahead_row(ahead, j); /* spread: see fa_tm_ahead */
-        }
-        fa_vstore(U->l + i, fa_vload(U->l + i) * alpha + sum);
+        ref[v] = fa_vsel(mx == -INFINITY, fa_vset1(0.0f), mx);
+        fa_vstore(U->alpha + i, fa_vexp(mo - ref[v]));
         fa_vstore(U->m + i, mx);
-        fa_vstore(U->alpha + i, alpha);
+        sum[v] = (fa_vf){0};
+    }
+    /* a key row at a time, all its column vectors: NV independent exponentials and sums in
+       flight (a column at a time, each sum was one chain of dependent adds) */
+    for (int j = 0; j < nk; j++) {
+        float *s = st + (ptrdiff_t)j * BQ;
+#pragma GCC unroll 16
+        for (int v = 0; v < NV; v++) {
+            const fa_vf e = fa_vexp_softmax(fa_vload(s + v * FA_VW) * vmul - ref[v]);
+            fa_vstore(s + v * FA_VW, e);
+            sum[v] += e;
+        }
+        if (ahead) fa_tm_ahead_row(ahead, j); /* spread: see fa_tm_ahead */
+    }
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; v++) {
+        const int i = v * FA_VW;
+        fa_vstore(U->l + i, fa_vload(U->l + i) * fa_vload(U->alpha + i) + sum[v]);
     }
     for (int i = 0; i < nq4; i++) {
         const float a = U->alpha[i];
