@@ -2,10 +2,17 @@
  * cpu/backend.c — the CPU backend's table: picks the kernel for a validated problem, records
  * the choice, sizes the workspace, runs. Also the CPU facts `flashattn info` shows.
  */
+#define _DEFAULT_SOURCE /* syscall(), for the AMX permission request */
 #include <pthread.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#endif
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -55,6 +62,13 @@ extern const fa_cpu_isa_ops fa_cpu_isa_ops_scalar;
 #ifdef FA_CPU_X86_ISAS
 extern const fa_cpu_isa_ops fa_cpu_isa_ops_avx2, fa_cpu_isa_ops_avx512;
 #endif
+#ifdef FA_CPU_AMX
+extern const fa_cpu_isa_ops fa_cpu_isa_ops_amx;
+#endif
+
+/* The FLASHATTN_CPU_ISA values, by level. */
+static const char *const isa_names[] = {"scalar", "avx2", "avx512", "amx"};
+_Static_assert(sizeof isa_names / sizeof isa_names[0] == FA_CPU_ISA_COUNT, "a name per level");
 
 const fa_cpu_isa_ops *fa_cpu_isa_table(fa_cpu_isa isa) {
     switch (isa) {
@@ -63,9 +77,54 @@ const fa_cpu_isa_ops *fa_cpu_isa_table(fa_cpu_isa isa) {
     case FA_CPU_ISA_AVX2: return &fa_cpu_isa_ops_avx2;
     case FA_CPU_ISA_AVX512: return &fa_cpu_isa_ops_avx512;
 #endif
+#ifdef FA_CPU_AMX
+    case FA_CPU_ISA_AMX: return &fa_cpu_isa_ops_amx;
+#endif
     default: return NULL;
     }
 }
+
+static char g_amx_why[96]; /* why the amx level is unusable on this machine */
+
+#if defined(FA_CPU_X86_ISAS) && (defined(__x86_64__) || defined(__i386__))
+/* CPUID leaf 7: AMX-TILE (EDX bit 24), AMX-BF16 (EDX bit 22), AVX512BW (EBX bit 30); subleaf
+   1: AVX512-BF16 (EAX bit 5). The amx level's file is compiled with -mavx512bf16, which
+   implies AVX512BW, so that is required too. */
+static int amx_cpuid(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    const int tile = (d >> 24) & 1, bf16 = (d >> 22) & 1, bw = (b >> 30) & 1;
+    if (a < 1 || !__get_cpuid_count(7, 1, &a, &b, &c, &d)) return 0;
+    return tile && bf16 && bw && ((a >> 5) & 1);
+}
+
+static int g_amx_ok;
+
+/* AMX tile data is off by default for Linux processes: the kernel enables it on request
+   (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA), once for the whole process. A refusal (an
+   older kernel, a sandbox) makes the level unsupported. */
+static void amx_probe(void) {
+    if (!amx_cpuid()) {
+        snprintf(g_amx_why, sizeof g_amx_why, "no AMX-TILE, AMX-BF16, AVX512-BF16 or AVX512BW");
+        return;
+    }
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0)
+        g_amx_ok = 1;
+    else
+        snprintf(g_amx_why, sizeof g_amx_why, "the OS refused AMX tile data (arch_prctl)");
+#else
+    snprintf(g_amx_why, sizeof g_amx_why, "AMX is enabled on Linux only");
+#endif
+}
+
+static int amx_usable(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, amx_probe);
+    return g_amx_ok;
+}
+#endif
 
 int fa_cpu_isa_supported(fa_cpu_isa isa) {
     if (isa == FA_CPU_ISA_SCALAR) return 1;
@@ -75,24 +134,29 @@ int fa_cpu_isa_supported(fa_cpu_isa isa) {
     const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                      __builtin_cpu_supports("f16c");
     if (isa == FA_CPU_ISA_AVX2) return avx2;
-    if (isa == FA_CPU_ISA_AVX512) return avx2 && __builtin_cpu_supports("avx512f");
+    const int avx512 = avx2 && __builtin_cpu_supports("avx512f");
+    if (isa == FA_CPU_ISA_AVX512) return avx512;
+    if (isa == FA_CPU_ISA_AMX) return avx512 && amx_usable();
 #endif
     return 0;
 }
 
 static const fa_cpu_isa_ops *g_isa;
-static char g_isa_why[160];
+static char g_isa_why[256];
 
 static void choose_isa(void) {
     const char *want = getenv("FLASHATTN_CPU_ISA");
     if (want && *want) {
         for (int i = 0; i < FA_CPU_ISA_COUNT; i++) {
             const fa_cpu_isa_ops *t = fa_cpu_isa_table((fa_cpu_isa)i);
-            static const char *const names[] = {"scalar", "avx2", "avx512"};
-            if (strcmp(want, names[i]) != 0) continue;
+            if (strcmp(want, isa_names[i]) != 0) continue;
             if (!t)
                 snprintf(g_isa_why, sizeof g_isa_why,
                          "FLASHATTN_CPU_ISA=%s: this build has no %s kernels", want, want);
+            else if (!fa_cpu_isa_supported((fa_cpu_isa)i) && g_amx_why[0] &&
+                     i == FA_CPU_ISA_AMX)
+                snprintf(g_isa_why, sizeof g_isa_why, "FLASHATTN_CPU_ISA=%s: %s (it has: %s)",
+                         want, g_amx_why, fa_cpu_features());
             else if (!fa_cpu_isa_supported((fa_cpu_isa)i))
                 snprintf(g_isa_why, sizeof g_isa_why,
                          "FLASHATTN_CPU_ISA=%s: this CPU lacks it (it has: %s)", want,
@@ -102,7 +166,7 @@ static void choose_isa(void) {
             return;
         }
         snprintf(g_isa_why, sizeof g_isa_why,
-                 "FLASHATTN_CPU_ISA=%.60s: unknown level (scalar, avx2 or avx512)", want);
+                 "FLASHATTN_CPU_ISA=%.60s: unknown level (scalar, avx2, avx512 or amx)", want);
         return;
     }
     for (int i = FA_CPU_ISA_COUNT - 1; i >= 0 && !g_isa; i--)
@@ -115,6 +179,21 @@ const fa_cpu_isa_ops *fa_cpu_isa_active(const char **why) {
     pthread_once(&once, choose_isa);
     if (why) *why = g_isa ? NULL : g_isa_why;
     return g_isa;
+}
+
+const fa_cpu_isa_ops *fa_cpu_isa_fwd_level(const fa_cpu_isa_ops *isa, const fa_problem *p) {
+    while (isa->base && (!isa->fwd || (isa->fwd_takes && !isa->fwd_takes(p)))) isa = isa->base;
+    return isa;
+}
+
+const fa_cpu_isa_ops *fa_cpu_isa_bwd_level(const fa_cpu_isa_ops *isa) {
+    while (isa->base && !isa->bwd) isa = isa->base;
+    return isa;
+}
+
+const fa_cpu_isa_ops *fa_cpu_isa_kv_level(const fa_cpu_isa_ops *isa) {
+    while (isa->base && !isa->kv) isa = isa->base;
+    return isa;
 }
 
 /* The level for a call, or the failure that FLASHATTN_CPU_ISA asked for an impossible one. */
@@ -130,7 +209,7 @@ static fa_status cpu_fwd_workspace(fa_context *ctx, const fa_problem *p, size_t 
     *bytes = 0;
     if (ctx->algo != FA_ALGO_AUTO) return FA_OK;
     fa_status st = isa_for(ctx, "fa_fwd", &isa);
-    if (st == FA_OK) *bytes = isa->fwd_ws(p, fa_cpu_threads(ctx));
+    if (st == FA_OK) *bytes = fa_cpu_isa_fwd_level(isa, p)->fwd_ws(p, fa_cpu_threads(ctx));
     return st;
 }
 
@@ -139,7 +218,7 @@ static fa_status cpu_bwd_workspace(fa_context *ctx, const fa_problem *p, size_t 
     *bytes = 0;
     if (ctx->algo != FA_ALGO_AUTO) return FA_OK;
     fa_status st = isa_for(ctx, "fa_bwd", &isa);
-    if (st == FA_OK) *bytes = isa->bwd_ws(p, fa_cpu_threads(ctx));
+    if (st == FA_OK) *bytes = fa_cpu_isa_bwd_level(isa)->bwd_ws(p, fa_cpu_threads(ctx));
     return st;
 }
 
@@ -167,6 +246,7 @@ static fa_status cpu_fwd(fa_context *ctx, const fa_problem *p, void *ws, size_t 
     const fa_cpu_isa_ops *isa;
     fa_status st = isa_for(ctx, "fa_fwd", &isa);
     if (st != FA_OK) return st;
+    isa = fa_cpu_isa_fwd_level(isa, p);
     isa->fwd(p, ws, threads);
     const fa_cpu_tiles t = isa->fwd_tiles(p);
     record(ctx, "fwd", tiled_name(name, sizeof name, "fwd", isa, p->dtype, t), t, threads,
@@ -190,6 +270,7 @@ static fa_status cpu_bwd(fa_context *ctx, const fa_problem *p, void *ws, size_t 
     const fa_cpu_isa_ops *isa;
     fa_status st = isa_for(ctx, "fa_bwd", &isa);
     if (st != FA_OK) return st;
+    isa = fa_cpu_isa_bwd_level(isa);
     isa->bwd(p, ws, threads);
     const fa_cpu_tiles t = isa->bwd_tiles(p);
     record(ctx, "bwd", tiled_name(name, sizeof name, "bwd", isa, p->dtype, t), t, threads,
@@ -207,6 +288,7 @@ static fa_status cpu_kv_plan(fa_context *ctx, const fa_problem *p, fa_cpu_kv_pla
                        "only; to compare, gather the cache into contiguous K/V and call fa_fwd");
     fa_status st = isa_for(ctx, "fa_fwd_kvcache", isa);
     if (st != FA_OK) return st;
+    *isa = fa_cpu_isa_kv_level(*isa);
     *plan = (*isa)->kv_plan(p, fa_cpu_threads(ctx));
     if (plan->overflow)
         return fa_fail(ctx, FA_ERR_OVERFLOW,
@@ -266,7 +348,8 @@ const fa_backend_ops fa_cpu_backend = {
 /* ---- what `flashattn info` lists ---- */
 
 /* The references and the merge have one name; the tiled kernels one per level the build has,
-   dtype and tile shape (every level uses the same tiles: 64 x 64). */
+   dtype and tile shape (64 x 64 on every complete level), each listed under the level that
+   owns it (the amx level owns only its bf16 forward). */
 static const char *const cpu_fixed_kernels[] = {
     "cpu_fwd_naive_f64", "cpu_bwd_naive_f64",  "cpu_fwd_plain_f32",  "cpu_fwd_plain_f16",
     "cpu_fwd_plain_bf16", "cpu_bwd_plain_f32", "cpu_bwd_plain_f16",  "cpu_bwd_plain_bf16",
@@ -284,10 +367,22 @@ static void list_tiled(void) {
         const fa_cpu_isa_ops *isa = fa_cpu_isa_table((fa_cpu_isa)i);
         if (!isa) continue;
         for (int o = 0; o < 4; o++)
-            for (int d = 0; d < 3; d++)
+            for (int d = 0; d < 3; d++) {
+                fa_problem p;
+                memset(&p, 0, sizeof p);
+                p.dtype = tiled_dtypes[d];
+                p.d = 64;
+                fa_cpu_tiles t = {FA_CPU_TILE, FA_CPU_TILE};
+                if (o == 0) {
+                    if (fa_cpu_isa_fwd_level(isa, &p) != isa) continue;
+                    t = isa->fwd_tiles(&p);
+                } else if (o == 1 ? !isa->bwd : !isa->kv) {
+                    continue;
+                }
                 snprintf(g_tiled_names[g_tiled_count++], sizeof g_tiled_names[0],
                          "cpu_%s_%s_%s_%dx%d", tiled_ops[o], isa->name,
-                         fa_dtype_name(tiled_dtypes[d]), FA_CPU_TILE, FA_CPU_TILE);
+                         fa_dtype_name(tiled_dtypes[d]), t.tile_q, t.tile_k);
+            }
     }
 }
 
@@ -323,6 +418,11 @@ static void detect_features(void) {
     if (__builtin_cpu_supports("avx2")) append("avx2");
     if (__builtin_cpu_supports("fma")) append("fma");
     if (__builtin_cpu_supports("f16c")) append("f16c");
+    unsigned a, b, c, d;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+        if ((d >> 24) & 1) append("amx-tile");
+        if ((d >> 22) & 1) append("amx-bf16");
+    }
 #endif
     if (!g_features[0]) append("portable");
 }

@@ -7,6 +7,11 @@
  * function of such a file its level's suffix. backend.c, compiled once for the baseline,
  * picks a level's table at run time: the widest the CPU has, or the one FLASHATTN_CPU_ISA
  * names (an error when the CPU lacks it, never a silent downgrade).
+ *
+ * The amx level is the exception: it is the avx512 level plus one kernel of its own
+ * (fwd_amx.c, compiled alone with the AMX flags), so its table names the avx512 table as its
+ * base and leaves NULL what it does not own. The backend resolves every call to the level
+ * whose kernel runs, and that level's name is the one recorded.
  */
 #ifndef FA_CPU_ISA_H
 #define FA_CPU_ISA_H
@@ -17,12 +22,13 @@ typedef enum fa_cpu_isa {
     FA_CPU_ISA_SCALAR = 0, /* portable C (GNU vector extensions, no -m flags) */
     FA_CPU_ISA_AVX2,       /* AVX2 + FMA + F16C */
     FA_CPU_ISA_AVX512,     /* AVX-512F (+ AVX2, FMA, F16C, which every AVX-512F CPU has) */
+    FA_CPU_ISA_AMX,        /* avx512 plus AMX-BF16 for the bf16 forward (+ AVX512-BF16, BW) */
     FA_CPU_ISA_COUNT
 } fa_cpu_isa;
 
 /* One level's kernels. */
 typedef struct fa_cpu_isa_ops {
-    const char *name; /* "scalar", "avx2", "avx512": the FLASHATTN_CPU_ISA values */
+    const char *name; /* "scalar", "avx2", "avx512", "amx": the FLASHATTN_CPU_ISA values */
     fa_cpu_tiles (*fwd_tiles)(const fa_problem *p);
     size_t (*fwd_ws)(const fa_problem *p, int threads);
     void (*fwd)(const fa_problem *p, void *ws, int threads);
@@ -34,6 +40,10 @@ typedef struct fa_cpu_isa_ops {
     void (*kv)(const fa_problem *p, const fa_cpu_kv_plan *plan, void *ws);
     /* x[i] = exp(x[i]) with the kernels' vector exponential (tests/test_simd_exp.c) */
     void (*exp)(float *x, size_t n);
+    /* NULL for a complete level. Otherwise the level below, whose kernels serve every op left
+       NULL here and every forward that fwd_takes (when set) refuses. */
+    const struct fa_cpu_isa_ops *base;
+    int (*fwd_takes)(const fa_problem *p);
 } fa_cpu_isa_ops;
 
 /* The table of a level; NULL when this build lacks it (non-x86 builds have scalar only). */
@@ -43,5 +53,10 @@ int fa_cpu_isa_supported(fa_cpu_isa isa);
 /* The level the backend uses, chosen once per process; NULL with *why set when
    FLASHATTN_CPU_ISA names an unknown level or one this CPU or build lacks. */
 const fa_cpu_isa_ops *fa_cpu_isa_active(const char **why);
+/* The level of isa (itself or a base) whose kernel serves the forward of p, the backward, and
+   the KV-cache forward. */
+const fa_cpu_isa_ops *fa_cpu_isa_fwd_level(const fa_cpu_isa_ops *isa, const fa_problem *p);
+const fa_cpu_isa_ops *fa_cpu_isa_bwd_level(const fa_cpu_isa_ops *isa);
+const fa_cpu_isa_ops *fa_cpu_isa_kv_level(const fa_cpu_isa_ops *isa);
 
 #endif /* FA_CPU_ISA_H */

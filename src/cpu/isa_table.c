@@ -23,4 +23,6 @@ const fa_cpu_isa_ops FA_ISA_FN(fa_cpu_isa_ops) = {
     FA_ISA_FN(fa_cpu_kv_tiles),
     FA_ISA_FN(fa_cpu_fwd_kvcache),
     vexp_array,
+    NULL, /* complete: no base level */
+    NULL,
 };

@@ -1,0 +1,690 @@
+/*
+ * cpu/fwd_amx.c — FlashAttention forward for bf16 inputs on AMX (the `amx` level, isa.h).
+ *
+ * Same algorithm as fwd_tiled.c (work item = one query tile of one (batch, head), online
+ * softmax over the keys, one division at the end), with both tile products on the AMX unit:
+ *
+ *   S^T = K Q^T    tdpbf16ps: A = K rows (16 keys x 32 head-dim elements), B = Q^T in VNNI
+ *                  pairs; the fp32 scores of a strip of 32 keys are stored key-major, st[j][i],
+ *                  as in fwd_tiled.c, so the softmax reductions run down columns (whole
+ *                  vectors, no horizontal reductions) and fa_tm_scores_kmajor applies masks,
+ *                  softcap and ALiBi;
+ *   O^T += V^T P^T tdpbf16ps: A = V^T (16 head-dim rows x 32 keys), B = P^T in VNNI pairs,
+ *                  written by the softmax itself (vcvtne2ps2bf16 + one vpermw per 2 keys x 16
+ *                  queries) for BK keys at a time; the accumulator is fp32, transposed (a row
+ *                  per head-dim element), so rescaling it is a vector multiply per row.
+ *
+ * K and V are packed once per call into the workspace (K as zero-padded bf16 rows, V transposed
+ * in blocks of 32 keys), not once per query tile: every query tile of every head of a GQA group
+ * then reads them as contiguous 1 KiB tiles. This costs a copy of K and V in the workspace
+ * (PyTorch's CPU flash attention does the same); the per-thread buffers stay O(tile).
+ *
+ * Tiles: all eight tile registers are 16 rows x 64 bytes (one configuration for the whole
+ * kernel); each product is blocked 2 x 2: C in tmm0-3, A in tmm4-5, B in tmm6-7. The head dim
+ * is padded with zeros to a multiple of 32 (the bf16 K step), queries to 32 (zero Q rows give
+ * finite scores that only reach output columns never stored), keys to 32 (zero P rows).
+ *
+ * Scale placement is fwd_tiled.c's (fa_tm_needs_transform): raw dot products, the scale inside
+ * the exponential on tiles without a transform, the transform scaling the others.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "isa.h"
+#include "tile_math.h"
+
+#define BQ FA_TM_BQ /* query rows per work item (64: fa_tm_qrows, fa_tm_scores_kmajor) */
+#define BK 256      /* keys per O += P V step (one load and store of the accumulator) */
+#define KS 32       /* bf16 elements per tile row: the K step of tdpbf16ps */
+#define TR 16       /* rows per tile */
+
+/* Tile register roles (see the top of the file): macros, since the intrinsics paste the
+   register number into their assembly. */
+#define TC00 0
+#define TC01 1
+#define TC10 2
+#define TC11 3
+#define TA0 4
+#define TA1 5
+#define TB0 6
+#define TB1 7
+
+FA_TM_INLINE int64_t pad32l(int64_t n) { return (n + 31) & ~(int64_t)31; }
+FA_TM_INLINE int pad32(int n) { return (n + 31) & ~31; }
+
+/* ---- packed K and V (shared by all threads, written once per call) ---- */
+
+typedef struct amx_pack {
+    uint16_t *k;  /* per kv head: rows of dp bf16, head dim zero-padded, keys padded to 32 */
+    uint16_t *vt; /* same offsets: per block of 32 keys, dp rows of 32 keys (V transposed) */
+    int64_t rows; /* rows per kv head, all sequences */
+    int dp;       /* head dim padded to 32 */
+} amx_pack;
+
+/* Rows of one kv head: each sequence gets its length padded to 32 (varlen: the token offset
+   plus 32 per earlier sequence bounds every padded prefix). */
+static int64_t pack_rows(const fa_problem *p) {
+    return p->cu_k ? p->total_k + 32 * p->batch : p->batch * pad32l(p->seqlen_k);
+}
+
+static int64_t pack_row0(const fa_problem *p, int64_t b) {
+    return p->cu_k ? p->cu_k[b] + 32 * b : b * pad32l(p->seqlen_k);
+}
+
+static size_t pack_bytes(const fa_problem *p) {
+    const size_t dp = (size_t)pad32((int)p->d);
+    const size_t one = (size_t)p->heads_kv * (size_t)pack_rows(p) * dp * 2;
+    return (one + 63) & ~(size_t)63;
+}
+
+/* ---- per-thread buffers ---- */
+
+typedef struct amx_bufs {
+    uint32_t *qt;  /* dp/2 x BQ: Q^T in VNNI pairs, qt[r][i] = (q[i][2r], q[i][2r+1]) */
+    uint16_t *stg; /* BQ x dp: rows of Q (or V, when packing) converted, zero-padded */
+    float *st;     /* KS x BQ: scores of one strip of 32 keys, key-major */
+    uint32_t *pt;  /* BK/2 x BQ: P^T in VNNI pairs, pt[r][i] = (p[2r][i], p[2r+1][i]) */
+    float *ot;     /* dp x BQ: output accumulator, transposed, scaled by exp(-m) */
+    float *m;      /* BQ: running max of each query row (scaled units) */
+    float *l;      /* BQ: running sum of exp(s - m) */
+    float *mn;     /* BQ: the running max after the current strip */
+} amx_bufs;
+
+/* Places the buffers at base (or only counts, base NULL); returns floats per thread. */
+static size_t amx_layout(int dp, float *base, amx_bufs *b) {
+    size_t off = 0;
+    b->qt = (uint32_t *)fa_tm_take(base, &off, (size_t)dp / 2 * BQ);
+    b->stg = (uint16_t *)fa_tm_take(base, &off, (size_t)BQ * dp / 2);
+    b->st = fa_tm_take(base, &off, (size_t)KS * BQ);
+    b->pt = (uint32_t *)fa_tm_take(base, &off, (size_t)BK / 2 * BQ);
+    b->ot = fa_tm_take(base, &off, (size_t)dp * BQ);
+    b->m = fa_tm_take(base, &off, BQ);
+    b->l = fa_tm_take(base, &off, BQ);
+    b->mn = fa_tm_take(base, &off, BQ);
+    return off;
+}
+
+/* ---- shuffles ---- */
+
+/* r[t] <- column t of the 16 x 16 matrix of dwords whose rows are r[0..15]: pairs of dwords,
+   then pairs of qwords inside 128-bit lanes, then the lanes themselves. */
+FA_TM_INLINE void transpose16(__m512i r[16]) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    /* u[4g + k], lane L: column 4L + k of rows 4g .. 4g + 3 */
+    for (int g = 0; g < 16; g += 4) {
+        u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
+        u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
+        u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
+        u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
+    }
+    for (int k = 0; k < 4; k++) {
+        const __m512i s0 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x44);
+        const __m512i s1 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xee);
+        const __m512i s2 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x44);
+        const __m512i s3 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xee);
+        r[k] = _mm512_shuffle_i32x4(s0, s2, 0x88);
+        r[4 + k] = _mm512_shuffle_i32x4(s0, s2, 0xdd);
+        r[8 + k] = _mm512_shuffle_i32x4(s1, s3, 0x88);
+        r[12 + k] = _mm512_shuffle_i32x4(s1, s3, 0xdd);
+    }
+}
+
+/* Word indices that interleave the low 16 words of two vectors: a0 b0 a1 b1 ... a15 b15
+   (b's words are 32..63 for vpermt2w, 16..31 after vcvtne2ps2bf16 put b in the high half). */
+FA_TM_INLINE __m512i interleave_idx(int bofs) {
+    uint16_t idx[32];
+    for (int t = 0; t < 16; t++) {
+        idx[2 * t] = (uint16_t)t;
+        idx[2 * t + 1] = (uint16_t)(bofs + t);
+    }
+    return _mm512_loadu_si512(idx);
+}
+
+/* dst[0..dp) = bf16 row src[0..d), zeros after (padding feeds the products: keep it 0).
+   Masked loads: nothing past the row is read, and no library call for these short rows. */
+FA_TM_INLINE void copy_row(uint16_t *restrict dst, const void *restrict src, int d, int dp) {
+    const uint16_t *s = (const uint16_t *)src;
+    for (int x = 0; x < dp; x += 32) {
+        const int n = d - x;
+        const __mmask32 m = n >= 32 ? ~(__mmask32)0 : ((__mmask32)1 << (n > 0 ? n : 0)) - 1;
+        _mm512_storeu_si512(dst + x, _mm512_maskz_loadu_epi16(m, s + x));
+    }
+}
+
+/* Block of 32 keys of V (rows of stg, dp columns) -> dst[x][0..32): the A operand of
+   O^T += V^T P^T, each 16-row tile of it 1 KiB contiguous. Pairs of key rows are
+   interleaved into dwords first, so a dword transpose finishes the job. */
+static void transpose_v(uint16_t *restrict dst, const uint16_t *restrict stg, int dp) {
+    const __m512i idx = interleave_idx(32);
+    for (int x = 0; x < dp; x += 16) {
+        __m512i w[16];
+        for (int r = 0; r < 16; r++) {
+            const __m512i a = _mm512_castsi256_si512(
+                _mm256_loadu_si256((const __m256i *)(stg + (size_t)(2 * r) * dp + x)));
+            const __m512i b = _mm512_castsi256_si512(
+                _mm256_loadu_si256((const __m256i *)(stg + (size_t)(2 * r + 1) * dp + x)));
+            w[r] = _mm512_permutex2var_epi16(a, idx, b);
+        }
+        transpose16(w);
+        for (int t = 0; t < 16; t++) _mm512_storeu_si512(dst + (size_t)(x + t) * KS, w[t]);
+    }
+}
+
+/* Packs keys [j, j + 32) of kv head hk of sequence b (rows past its end zero). */
+static void pack_block(const fa_problem *p, const amx_pack *pk, uint16_t *stg, int64_t b,
+                       int64_t hk, int64_t j) {
+    int64_t q0, sq, k0, sk;
+    fa_seq_bounds(p, b, &q0, &sq, &k0, &sk);
+    const int64_t bk = p->cu_k ? 0 : b;
+    const int d = (int)p->d, dp = pk->dp;
+    const size_t off = (size_t)(hk * pk->rows + pack_row0(p, b) + j) * (size_t)dp;
+    uint16_t *kd = pk->k + off;
+    for (int r = 0; r < KS; r++) {
+        if (j + r < sk) {
+            copy_row(kd + (size_t)r * dp, fa_tm_row(&p->k, 2, bk, k0 + j + r, hk), d, dp);
+            copy_row(stg + (size_t)r * dp, fa_tm_row(&p->v, 2, bk, k0 + j + r, hk), d, dp);
+        } else {
+            memset(kd + (size_t)r * dp, 0, (size_t)dp * 2);
+            memset(stg + (size_t)r * dp, 0, (size_t)dp * 2);
+        }
+    }
+    transpose_v(pk->vt + off, stg, dp);
+}
+
+/* Q rows of the tile (nq32 of them, zero past nq) -> Q^T in VNNI pairs. */
+static void load_q(const fa_problem *p, const amx_bufs *B, int64_t bq, int64_t row0, int64_t h,
+                   int nq, int nq32, int dp) {
+    const int d = (int)p->d;
+    for (int i = 0; i < nq32; i++) {
+        if (i < nq)
+            copy_row(B->stg + (size_t)i * dp, fa_tm_row(&p->q, 2, bq, row0 + i, h), d, dp);
+        else
+            memset(B->stg + (size_t)i * dp, 0, (size_t)dp * 2);
+    }
+    const uint32_t *s32 = (const uint32_t *)B->stg;
+    const int dw = dp / 2; /* dwords (pairs) per row */
+    for (int r0 = 0; r0 < dw; r0 += 16)
+        for (int i0 = 0; i0 < nq32; i0 += 16) {
+            __m512i w[16];
+            for (int i = 0; i < 16; i++)
+                w[i] = _mm512_loadu_si512(s32 + (size_t)(i0 + i) * dw + r0);
+            transpose16(w);
+            for (int t = 0; t < 16; t++)
+                _mm512_storeu_si512(B->qt + (size_t)(r0 + t) * BQ + i0, w[t]);
+        }
+}
+
+/* ---- the tile products ---- */
+
+/* A key tile of a work item: keys [j0, j0 + nk) of the sequence, nk32 with the padding. */
+typedef struct ktile {
+    int64_t j0;
+    int nk, nk32, kind;
+    const uint16_t *k, *vt; /* its packed K rows and V^T blocks */
+} ktile;
+
+/* The tile intrinsics tell the compiler that tilestored writes memory but not that tileloadd
+   reads it: this barrier keeps the vector stores of the softmax (and of the packing) ahead
+   of the tile loads that consume them. */
+#define AMX_FENCE() __asm__ volatile("" ::: "memory")
+
+/* st = K Q^T for keys [kb, kb + 32) of the tile and queries [qb, qb + 32): raw dot products. */
+FA_TM_INLINE void scores_block(const ktile *t, const amx_bufs *B, int kb, int qb, int dp) {
+    const size_t kstride = (size_t)dp * 2, qstride = BQ * 4, sstride = BQ * 4;
+    const uint16_t *k0 = t->k + (size_t)kb * dp, *k1 = k0 + (size_t)TR * dp;
+    AMX_FENCE();
+    _tile_zero(TC00);
+    _tile_zero(TC01);
+    _tile_zero(TC10);
+    _tile_zero(TC11);
+    for (int x = 0; x < dp; x += KS) {
+        const uint32_t *q = B->qt + (size_t)(x / 2) * BQ + qb;
+        _tile_loadd(TA0, k0 + x, kstride);
+        _tile_loadd(TA1, k1 + x, kstride);
+        _tile_loadd(TB0, q, qstride);
+        _tile_loadd(TB1, q + TR, qstride);
+        _tile_dpbf16ps(TC00, TA0, TB0);
+        _tile_dpbf16ps(TC01, TA0, TB1);
+        _tile_dpbf16ps(TC10, TA1, TB0);
+        _tile_dpbf16ps(TC11, TA1, TB1);
+    }
+    float *s = B->st + qb;
+    _tile_stored(TC00, s, sstride);
+    _tile_stored(TC01, s + TR, sstride);
+    _tile_stored(TC10, s + TR * BQ, sstride);
+    _tile_stored(TC11, s + TR * BQ + TR, sstride);
+}
+
+/* One 32-row x 32-query block of ot += V^T P^T over keys [k0, k1) of the tile. */
+FA_TM_INLINE void pv_block(const ktile *t, const amx_bufs *B, int xb, int qb, int k0, int k1,
+                           int dp) {
+    const size_t ostride = BQ * 4, pstride = BQ * 4;
+    float *o = B->ot + (size_t)xb * BQ + qb;
+    AMX_FENCE();
+    _tile_loadd(TC00, o, ostride);
+    _tile_loadd(TC01, o + TR, ostride);
+    _tile_loadd(TC10, o + TR * BQ, ostride);
+    _tile_loadd(TC11, o + TR * BQ + TR, ostride);
+    for (int kb = k0; kb < k1; kb += KS) {
+        const uint16_t *v = t->vt + (size_t)kb * dp + (size_t)xb * KS;
+        const uint32_t *pp = B->pt + (size_t)(kb / 2) * BQ + qb;
+        _tile_loadd(TA0, v, KS * 2);
+        _tile_loadd(TA1, v + TR * KS, KS * 2);
+        _tile_loadd(TB0, pp, pstride);
+        _tile_loadd(TB1, pp + TR, pstride);
+        _tile_dpbf16ps(TC00, TA0, TB0);
+        _tile_dpbf16ps(TC01, TA0, TB1);
+        _tile_dpbf16ps(TC10, TA1, TB0);
+        _tile_dpbf16ps(TC11, TA1, TB1);
+    }
+    _tile_stored(TC00, o, ostride);
+    _tile_stored(TC01, o + TR, ostride);
+    _tile_stored(TC10, o + TR * BQ, ostride);
+    _tile_stored(TC11, o + TR * BQ + TR, ostride);
+}
+
+/* ot += V^T P^T over keys [k0, k1) of the tile (multiples of 32). */
+static void accumulate(const ktile *t, const amx_bufs *B, int k0, int k1, int nq32, int dp) {
+    for (int xb = 0; xb < dp; xb += 32)
+        for (int qb = 0; qb < nq32; qb += 32) pv_block(t, B, xb, qb, k0, k1, dp);
+}
+
+/* ---- softmax ---- */
+
+/*
+ * 2^t for the probabilities: t = n + f with n = round(t), 2^f on [-1/2, 1/2] by a degree-5
+ * polynomial (relative error 2e-7, fitted for this range), 2^n applied by vscalefps. 10
+ * instructions where fa_vexp takes 15: this is the kernel's critical path. Results that would
+ * be subnormal (t <= -125) are 0: masked keys (t = -inf) give exactly 0, and no instruction
+ * produces a subnormal, which costs a microcode assist of ~100 cycles per vector (the masked
+ * half of every diagonal tile would pay it). NaN stays NaN (the compare is unordered-true).
+ */
+FA_TM_INLINE __m512 exp2_poly(__m512 t) {
+    const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-125.0f), _CMP_NLE_UQ);
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(t, n);
+    __m512 p = _mm512_set1_ps(1.3276472e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6755419e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5507131e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022120e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314694e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000001f));
+    return _mm512_maskz_scalef_ps(normal, p, n);
+}
+
+/*
+ * The running max moves only when a strip's max exceeds it by more than LAZY (natural-log
+ * units): the probabilities are then relative to a max at most LAZY below the true one, so
+ * they stay below e^8 (no overflow in fp32 or bf16; their rounding is relative, so it does
+ * not grow) while the accumulator's rescale, a pass over all of it, is skipped on nearly
+ * every strip. The result is the same: O = sum(P V) / l and LSE = m + log(l) do not depend on
+ * which m was used.
+ */
+#define LAZY 8.0f
+#define LOG2E 1.44269504088896341f
+
+/*
+ * The online softmax runs strip by strip (32 keys: st stays in L1, where the tile stores are
+ * cheap), in three steps: strip_max finds the new running maxima, move_max rescales the sum
+ * and the accumulator where they moved (rarely, see LAZY), strip_exp writes the strip's
+ * probabilities. The scores of a strip, times mul, are in st (a row per key, a column per
+ * query); columns up to nq32 run (padding included: their scores are finite, Q's padding is
+ * zero).
+ */
+
+/* mn = the running max after the strip's ns keys, per the LAZY rule; returns whether any
+   column's max moves. */
+static int strip_max(const amx_bufs *B, int ns, int nq32, float mul) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    int moved = 0;
+    for (int i = 0; i < nq32; i += 16) {
+        /* four chains: one would wait on vmaxps's latency at every key */
+        __m512 m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;
+        const float *sj = B->st + i;
+        int j = 0;
+        for (; j + 4 <= ns; j += 4, sj += 4 * BQ) {
+            m0 = _mm512_max_ps(m0, _mm512_loadu_ps(sj));
+            m1 = _mm512_max_ps(m1, _mm512_loadu_ps(sj + BQ));
+            m2 = _mm512_max_ps(m2, _mm512_loadu_ps(sj + 2 * BQ));
+            m3 = _mm512_max_ps(m3, _mm512_loadu_ps(sj + 3 * BQ));
+        }
+        for (; j < ns; j++, sj += BQ) m0 = _mm512_max_ps(m0, _mm512_loadu_ps(sj));
+        __m512 mx = _mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3));
+        /* mul > 0 and rounding is monotonic: the max of the scaled scores is the scaled max */
+        mx = _mm512_mul_ps(mx, _mm512_set1_ps(mul));
+        const __m512 mo = _mm512_loadu_ps(B->m + i);
+        const __mmask16 grow = _mm512_cmp_ps_mask(mx, _mm512_add_ps(mo, _mm512_set1_ps(LAZY)),
+                                                  _CMP_GT_OQ);
+        moved |= grow != 0;
+        _mm512_storeu_ps(B->mn + i, _mm512_mask_mov_ps(mo, grow, mx));
+    }
+    return moved;
+}
+
+/* A row that has seen only masked keys keeps max -inf: exponentials against 0 then give
+   exp(-inf) = 0 instead of exp(-inf - -inf) = NaN. */
+FA_TM_INLINE __m512 exp_ref(__m512 m) {
+    return _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(m, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ),
+                              _mm512_setzero_ps());
+}
+
+/* m = mn, and l and the accumulator rows (those that carry data: d) times exp(m - mn) where
+   the max moved. */
+static void move_max(const amx_bufs *B, int d, int nq32) {
+    for (int i = 0; i < nq32; i += 16) {
+        const __m512 mo = _mm512_loadu_ps(B->m + i), mn = _mm512_loadu_ps(B->mn + i);
+        const __mmask16 moved = _mm512_cmp_ps_mask(mo, mn, _CMP_NEQ_UQ);
+        if (!moved) continue;
+        const __m512 a = _mm512_mask_mov_ps(
+            _mm512_set1_ps(1.0f), moved,
+            exp2_poly(_mm512_mul_ps(_mm512_sub_ps(mo, exp_ref(mn)), _mm512_set1_ps(LOG2E))));
+        _mm512_storeu_ps(B->l + i, _mm512_mul_ps(_mm512_loadu_ps(B->l + i), a));
+        _mm512_storeu_ps(B->m + i, mn);
+        for (int x = 0; x < d; x++) {
+            float *o = B->ot + (size_t)x * BQ + i;
+            _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_loadu_ps(o), a));
+        }
+    }
+}
+
+/* The strip's probabilities exp(s * mul - m), rounded to bf16, into 16 rows of P^T in VNNI
+   pairs at pt (zero for the padding keys past ns), and their sums into l. */
+static void strip_exp(const amx_bufs *B, uint32_t *pt, int ns, int nq32, float mul) {
+    const __m512 vmul2 = _mm512_set1_ps(mul * LOG2E);
+    const __m512i ilv = interleave_idx(16);
+    for (int i = 0; i < nq32; i += 16) {
+        /* exp(s * mul - ref) = 2^(s * mul log2e - ref log2e) */
+        const __m512 off = _mm512_mul_ps(exp_ref(_mm512_loadu_ps(B->m + i)),
+                                         _mm512_set1_ps(-LOG2E));
+        __m512 sum = _mm512_setzero_ps();
+        const float *sj = B->st + i;
+        uint32_t *pj = pt + i;
+        int j = 0;
+        for (; j + 2 <= ns; j += 2, sj += 2 * BQ, pj += BQ) {
+            const __m512 e0 = exp2_poly(_mm512_fmadd_ps(_mm512_loadu_ps(sj), vmul2, off));
+            const __m512 e1 = exp2_poly(_mm512_fmadd_ps(_mm512_loadu_ps(sj + BQ), vmul2, off));
+            sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
+            /* e0 in the low half, e1 in the high one, then interleaved */
+            const __m512i pair = (__m512i)_mm512_cvtne2ps_pbh(e1, e0);
+            _mm512_storeu_si512(pj, _mm512_permutexvar_epi16(ilv, pair));
+        }
+        if (j < ns) { /* odd key count: the last key pairs with a zero */
+            const __m512 e0 = exp2_poly(_mm512_fmadd_ps(_mm512_loadu_ps(sj), vmul2, off));
+            sum = _mm512_add_ps(sum, e0);
+            const __m512i pair = (__m512i)_mm512_cvtne2ps_pbh(_mm512_setzero_ps(), e0);
+            _mm512_storeu_si512(pj, _mm512_permutexvar_epi16(ilv, pair));
+            j += 2;
+            pj += BQ;
+        }
+        for (; j < KS; j += 2, pj += BQ) _mm512_storeu_si512(pj, _mm512_setzero_si512());
+        _mm512_storeu_ps(B->l + i, _mm512_add_ps(_mm512_loadu_ps(B->l + i), sum));
+    }
+}
+
+/* O rows of the tile: the accumulator transposed back 16 x 16 at a time, divided by l,
+   rounded to bf16 (vcvtneps2bf16: to nearest even). Rows that see no key get O = 0. */
+static void store_out(const fa_problem *p, const amx_bufs *B, const fa_tm_qrows *rows,
+                      int64_t bq, int64_t t0, int64_t h, int nq) {
+    const int d = (int)p->d;
+    for (int i0 = 0; i0 < nq; i0 += 16)
+        for (int x0 = 0; x0 < d; x0 += 16) {
+            __m512i r[16];
+            for (int t = 0; t < 16; t++)
+                r[t] = _mm512_loadu_si512(B->ot + (size_t)(x0 + t) * BQ + i0);
+            transpose16(r);
+            for (int i = 0; i < 16 && i0 + i < nq; i++) {
+                if (rows->lo[i0 + i] >= rows->hi[i0 + i]) continue;
+                const __m512 o = _mm512_div_ps((__m512)r[i], _mm512_set1_ps(B->l[i0 + i]));
+                const __m256i v = (__m256i)_mm512_cvtneps_pbh(o);
+                uint16_t *dst = (uint16_t *)fa_tm_row(&p->o, 2, bq, t0 + i0 + i, h) + x0;
+                if (x0 + 16 <= d) {
+                    _mm256_storeu_si256((__m256i *)dst, v);
+                } else {
+                    uint16_t tmp[16];
+                    _mm256_storeu_si256((__m256i *)tmp, v);
+                    memcpy(dst, tmp, (size_t)(d - x0) * 2);
+                }
+            }
+        }
+    for (int i = 0; i < nq; i++)
+        if (rows->lo[i] >= rows->hi[i])
+            fa_tm_store_zero(fa_tm_row(&p->o, 2, bq, t0 + i, h), p->dtype, d);
+}
+
+/* ---- one work item ---- */
+
+/* The query rows of a work item, and the keys that every one of them sees: key ranges inside
+   [all_lo, all_hi) are unmasked without looking at each row. */
+typedef struct qtile {
+    fa_tm_qrows r;
+    int64_t all_lo, all_hi;
+} qtile;
+
+static void qtile_init(qtile *q, const fa_problem *p, int64_t i0, int nq, int64_t sq, int64_t sk) {
+    fa_tm_qrows_init(&q->r, p, i0, nq, sq, sk);
+    q->all_lo = INT64_MIN;
+    q->all_hi = INT64_MAX;
+    for (int i = 0; i < nq; i++) {
+        if (q->r.lo[i] > q->all_lo) q->all_lo = q->r.lo[i];
+        if (q->r.hi[i] < q->all_hi) q->all_hi = q->r.hi[i];
+    }
+}
+
+/* fa_tm_classify, with the common case (no row masks any of the keys) found at once. */
+FA_TM_INLINE int classify(const qtile *q, int64_t j0, int64_t j1) {
+    if (j0 >= q->all_lo && j1 <= q->all_hi) return FA_TM_FULL;
+    return fa_tm_classify(&q->r, j0, j1);
+}
+
+/* The first key tile at or after j0 (a multiple of 32) that some query row of the tile sees;
+   0 when there is none left. */
+static int find_tile(const qtile *q, const amx_pack *pk, size_t head0, int64_t j0, ktile *t) {
+    const fa_tm_qrows *rows = &q->r;
+    for (; j0 < rows->uhi; j0 += BK) {
+        const int nk = rows->uhi - j0 < BK ? (int)(rows->uhi - j0) : BK;
+        const int kind = classify(q, j0, j0 + nk);
+        if (kind == FA_TM_NONE) continue;
+        t->j0 = j0;
+        t->nk = nk;
+        t->nk32 = pad32(nk);
+        t->kind = kind;
+        t->k = pk->k + head0 + (size_t)j0 * pk->dp;
+        t->vt = pk->vt + head0 + (size_t)j0 * pk->dp;
+        return 1;
+    }
+    return 0;
+}
+
+/* One strip of a key tile: keys [s, s + 32) of tile t. Scores, then masks, softcap and
+   ALiBi where they apply (which then carry the scale, see the top); returns the multiplier
+   its exponentials take, or 0 when no query row sees any of its keys. */
+static float strip_scores(const fa_problem *p, const qtile *q, const amx_bufs *B,
+                          const ktile *t, int s, float slope, int nq, int nq32, int dp) {
+    const int ns = t->nk - s < KS ? t->nk - s : KS;
+    const int kind = classify(q, t->j0 + s, t->j0 + s + ns);
+    if (kind == FA_TM_NONE) return 0.0f;
+    for (int qb = 0; qb < nq32; qb += 32) scores_block(t, B, s, qb, dp);
+    AMX_FENCE();
+    if (!fa_tm_needs_transform(kind, p->softcap, slope)) return p->scale;
+    fa_tm_rel rel;
+    fa_tm_rel_init(&rel, &q->r, t->j0 + s);
+    /* padding columns (i >= nq) stay 0 */
+    fa_tm_scores_kmajor(B->st, NULL, ns, nq, &rel, p->scale, p->softcap, slope,
+                        kind == FA_TM_PARTIAL);
+    return 1.0f;
+}
+
+/*
+ * One key tile, strip by strip: each strip's probabilities join P^T, and O += P V runs once
+ * for the tile (a load and a store of the accumulator per BK keys), except that where a
+ * strip moves the running max the strips before it are accumulated first, so that the
+ * rescale covers them.
+ */
+static void key_tile(const fa_problem *p, const qtile *q, const amx_bufs *B,
+                     const ktile *t, float slope, int nq, int nq32, int dp) {
+    int done = 0; /* keys of the tile already in the accumulator */
+    for (int s = 0; s < t->nk; s += KS) {
+        uint32_t *pt = B->pt + (size_t)(s / 2) * BQ;
+        const int ns = t->nk - s < KS ? t->nk - s : KS;
+        const float mul = strip_scores(p, q, B, t, s, slope, nq, nq32, dp);
+        if (mul == 0.0f) { /* nothing visible: zero probabilities */
+            for (int r = 0; r < KS / 2; r++)
+                memset(pt + (size_t)r * BQ, 0, (size_t)nq32 * 4);
+            continue;
+        }
+        if (strip_max(B, ns, nq32, mul)) {
+            if (s > done) accumulate(t, B, done, s, nq32, dp);
+            done = s;
+            AMX_FENCE();
+            move_max(B, (int)p->d, nq32);
+        }
+        strip_exp(B, pt, ns, nq32, mul);
+    }
+    accumulate(t, B, done, t->nk32, nq32, dp);
+}
+
+FA_TM_HOT
+static void amx_item(const fa_problem *p, const amx_pack *pk, int64_t b, int64_t h, int64_t i0,
+                     float *ws) {
+    int64_t q0, sq, k0, sk;
+    fa_seq_bounds(p, b, &q0, &sq, &k0, &sk);
+    if (i0 >= sq) return;
+    const int dp = pk->dp;
+    const int nq = sq - i0 < BQ ? (int)(sq - i0) : BQ, nq32 = pad32(nq);
+    const int64_t bq = p->cu_q ? 0 : b, hk = h / p->group;
+    const float slope = fa_alibi_slope(p, b, h);
+    amx_bufs B;
+    amx_layout(dp, ws, &B);
+
+    qtile q;
+    qtile_init(&q, p, i0, nq, sq, sk);
+    const fa_tm_qrows *rows = &q.r;
+
+    load_q(p, &B, bq, q0 + i0, h, nq, nq32, dp);
+    memset(B.ot, 0, (size_t)dp * BQ * sizeof(float));
+    for (int i = 0; i < BQ; i++) {
+        B.m[i] = -INFINITY;
+        B.l[i] = 0.0f;
+    }
+
+    const size_t head0 = (size_t)(hk * pk->rows + pack_row0(p, b)) * (size_t)dp;
+    ktile t;
+    /* key tiles start on the packing's 32-key blocks; keys before ulo are masked out */
+    int64_t j0 = rows->ulo < rows->uhi ? rows->ulo & ~(int64_t)31 : rows->uhi;
+    for (; find_tile(&q, pk, head0, j0, &t); j0 = t.j0 + BK)
+        key_tile(p, &q, &B, &t, slope, nq, nq32, dp);
+    AMX_FENCE();
+
+    store_out(p, &B, rows, bq, q0 + i0, h, nq);
+    float *lse = (float *)p->lse;
+    if (lse)
+        for (int i = 0; i < nq; i++)
+            lse[b * p->lse_sb + h * p->lse_sh + (q0 + i0 + i) * p->lse_st] =
+                rows->lo[i] >= rows->hi[i] ? -INFINITY : B.m[i] + logf(B.l[i]);
+}
+
+/* ---- entry points ---- */
+
+/* Longest query sequence: the tile count of the work grid. */
+static int64_t max_seqlen_q(const fa_problem *p) {
+    if (!p->cu_q) return p->seqlen_q;
+    int64_t mx = 0;
+    for (int64_t b = 0; b < p->batch; b++)
+        if (p->cu_q[b + 1] - p->cu_q[b] > mx) mx = p->cu_q[b + 1] - p->cu_q[b];
+    return mx;
+}
+
+/* Every bf16 forward: all masks, softcap, ALiBi, GQA, varlen, strides, head dims to 256. */
+static int amx_takes(const fa_problem *p) { return p->dtype == FA_DTYPE_BF16 && p->d <= 256; }
+
+static fa_cpu_tiles amx_tiles(const fa_problem *p) {
+    (void)p;
+    fa_cpu_tiles t = {BQ, BK};
+    return t;
+}
+
+static size_t amx_ws(const fa_problem *p, int threads) {
+    amx_bufs b;
+    if (threads < 1) threads = 1;
+    return FA_TM_WS_SLACK + 2 * pack_bytes(p) +
+           (size_t)threads * amx_layout(pad32((int)p->d), NULL, &b) * sizeof(float);
+}
+
+/* The tile configuration: palette 1, all eight tiles 16 rows of 64 bytes. */
+typedef struct amx_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+static void amx_fwd(const fa_problem *p, void *ws, int threads) {
+    if (threads < 1) threads = 1;
+    amx_pack pk;
+    pk.dp = pad32((int)p->d);
+    pk.rows = pack_rows(p);
+    char *base = (char *)fa_tm_align(ws);
+    pk.k = (uint16_t *)base;
+    pk.vt = (uint16_t *)(base + pack_bytes(p));
+    float *tbase = (float *)(base + 2 * pack_bytes(p));
+    amx_bufs unused;
+    const size_t per_thread = amx_layout(pk.dp, NULL, &unused);
+
+    amx_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.colsb[t] = 64;
+        cfg.rows[t] = TR;
+    }
+
+    const int64_t nkb = pad32l(p->seqlen_k) / KS; /* 32-key blocks of the longest sequence */
+    const int64_t packs = p->heads_kv * p->batch * nkb;
+    const int64_t ntq = (max_seqlen_q(p) + BQ - 1) / BQ;
+    const int64_t items = p->batch * p->heads_q * ntq;
+#pragma omp parallel num_threads(threads)
+    {
+        float *mine = tbase + per_thread * (size_t)fa_tm_tid();
+        amx_bufs B;
+        amx_layout(pk.dp, mine, &B);
+#pragma omp for schedule(static)
+        for (int64_t w = 0; w < packs; w++) {
+            const int64_t hk = w / (p->batch * nkb), b = w / nkb % p->batch, j = w % nkb * KS;
+            int64_t q0, sq, k0, sk;
+            fa_seq_bounds(p, b, &q0, &sq, &k0, &sk);
+            if (j < sk) pack_block(p, &pk, B.stg, b, hk, j);
+        }
+        /* the tile state is per thread: configure it in each one, release it after */
+        _tile_loadconfig(&cfg);
+#pragma omp for schedule(dynamic)
+        for (int64_t w = 0; w < items; w++) {
+            /* last tiles first: under a causal mask they are the longest */
+            const int64_t t = ntq - 1 - w % ntq, bh = w / ntq;
+            amx_item(p, &pk, bh / p->heads_q, bh % p->heads_q, t * BQ, mine);
+        }
+        _tile_release();
+    }
+}
+
+static void vexp_array(float *x, size_t n) {
+    size_t i = 0;
+    for (; i + FA_VW <= n; i += FA_VW) fa_vstore(x + i, fa_vexp(fa_vload(x + i)));
+    if (i < n) fa_vexp_row(x + i, x + i, (int)(n - i), 1.0f, 0.0f);
+}
+
+/* The amx level: its own forward for bf16, the avx512 level's kernels for everything else. */
+extern const fa_cpu_isa_ops fa_cpu_isa_ops_avx512;
+
+const fa_cpu_isa_ops fa_cpu_isa_ops_amx = {
+    .name = "amx",
+    .fwd_tiles = amx_tiles,
+    .fwd_ws = amx_ws,
+    .fwd = amx_fwd,
+    .exp = vexp_array,
+    .base = &fa_cpu_isa_ops_avx512,
+    .fwd_takes = amx_takes,
+};
