@@ -246,6 +246,51 @@ static void selection_record(void **state) {
 
 /* A user workspace of exactly the reported size serves the call (and gives the same result
    as the context's own); a smaller one is refused; clearing it goes back to the context's. */
+/* The CPU backward's two schedules (src/cpu/bwd_schedule.c): the record says when the slower
+   two-pass one ran and why, and both give the same gradients up to rounding. */
+static void bwd_schedule_record(void **state) {
+    (void)state;
+    fa_context *c;
+    assert_int_equal(fa_context_create(&c, FA_BACKEND_CPU), FA_OK);
+    prob p;
+    prob_init(&p, FA_DTYPE_F32);
+    assert_int_equal(fwd(c, &p, NULL), FA_OK);
+    const char *names[2] = {"one-pass", "two-pass"};
+    tk_buf grads[2][3];
+    for (int s = 0; s < 2; s++) {
+        assert_int_equal(setenv("FLASHATTN_CPU_BWD_SCHEDULE", names[s], 1), 0);
+        tk_poison(&p.dq);
+        tk_poison(&p.dk);
+        tk_poison(&p.dv);
+        assert_int_equal(bwd(c, &p, NULL), FA_OK);
+        const fa_selection *sel = fa_last_selection(c);
+        assert_non_null(sel);
+        if (s == 0)
+            assert_string_equal(sel->reason, "");
+        else
+            assert_non_null(strstr(sel->reason, "two-pass"));
+        const tk_buf *src[3] = {&p.dq, &p.dk, &p.dv};
+        for (int g = 0; g < 3; g++) {
+            tk_rng r;
+            tk_rng_init(&r, 1);
+            int64_t shape[4];
+            for (int x = 0; x < 4; x++) shape[x] = src[g]->t.shape[x];
+            assert_int_equal(tk_buf_alloc(&grads[s][g], FA_DTYPE_F32, 4, shape, 0, &r), 0);
+            tk_copy(&grads[s][g], src[g]);
+        }
+    }
+    assert_int_equal(unsetenv("FLASHATTN_CPU_BWD_SCHEDULE"), 0);
+    for (int g = 0; g < 3; g++) {
+        const tk_err e = tk_compare(&grads[0][g].t, &grads[1][g].t);
+        assert_int_equal(e.nonfinite, 0);
+        assert_true(e.max_abs <= 1e-5 * (e.ref_max > 1 ? e.ref_max : 1));
+        tk_buf_free(&grads[0][g]);
+        tk_buf_free(&grads[1][g]);
+    }
+    prob_free(&p);
+    fa_context_destroy(c);
+}
+
 static void user_workspace(void **state) {
     (void)state;
     prob p;
@@ -354,7 +399,7 @@ int main(void) {
         cmocka_unit_test(status_strings),   cmocka_unit_test(version_and_dtypes),
         cmocka_unit_test(tensor_constructors), cmocka_unit_test(params_default),
         cmocka_unit_test(context_setters),  cmocka_unit_test(selection_record),
-        cmocka_unit_test(user_workspace),
+        cmocka_unit_test(user_workspace), cmocka_unit_test(bwd_schedule_record),
 #ifndef _WIN32
         cmocka_unit_test(env_log),          cmocka_unit_test(env_threads),
 #endif

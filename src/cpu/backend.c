@@ -275,6 +275,7 @@ static fa_status cpu_bwd(fa_context *ctx, const fa_problem *p, void *ws, size_t 
     const fa_cpu_tiles t = isa->bwd_tiles(p);
     record(ctx, "bwd", tiled_name(name, sizeof name, "bwd", isa, p->dtype, t), t, threads,
            isa->bwd_ws(p, threads));
+    fa_cpu_bwd_one_pass(p, threads, ctx->sel.reason, sizeof ctx->sel.reason);
     return FA_OK;
 }
 

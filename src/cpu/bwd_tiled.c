@@ -11,7 +11,7 @@
  *           their dK and dV (so the group's sum needs no reduction across threads);
  *   pass 2  a work item per (batch, query head, run of query tiles) rebuilds them again for
  *           its rows and owns their dQ.
- * With enough kv heads for the threads, the one-pass schedule (see one_pass()) replaces the
+ * With enough kv heads for the threads, the one-pass schedule (bwd_schedule.c) replaces the
  * two: a pass-1 item per whole kv head also sums dQ += dS K into a per-thread buffer, and pass
  * 2 is not needed. Pass 1 keeps scores query-major (K and V transposed once per item), pass 2
  * key-major (Q and dO transposed once per item), so nothing is transposed per tile pair.
@@ -22,7 +22,6 @@
  * dK = scale sum_i dS g Q and dQ = scale sum_j dS g K, the scale applied when they are stored.
  */
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -125,37 +124,12 @@ static int64_t max_len(const int32_t *cu, int64_t batch, int64_t fixed) {
     return mx;
 }
 
-/*
- * The one-pass schedule: a work item is a whole kv head (its key tiles in order, BWD_KSUB at
- * a time), which then also owns the dQ of its query heads, summed in a per-thread buffer in a
- * fixed order: 5 matmuls per tile pair instead of the two-pass schedule's 7 (pass 2 rebuilds P
- * and dS), still deterministic. Used where there are enough kv heads to keep every thread busy
- * and the buffer stays small; the two passes otherwise.
- */
-#define BWD_DQ_MAX_BYTES ((size_t)64 << 20)
-
-static int64_t dq_rows(const fa_problem *p) {
-    return max_len(p->cu_q, p->batch, p->seqlen_q) + 4; /* + the last tile's padding rows */
-}
-
-static size_t dq_floats(const fa_problem *p) {
-    return ((size_t)(p->group * dq_rows(p) * fa_tm_pad16((int)p->d)) + 15) & ~(size_t)15;
-}
-
-/* FLASHATTN_CPU_BWD_SCHEDULE=one-pass or two-pass forces a schedule (the tests run both
-   whatever the machine's core count). */
-static int one_pass(const fa_problem *p, int threads) {
-    const char *force = getenv("FLASHATTN_CPU_BWD_SCHEDULE");
-    if (force && strcmp(force, "one-pass") == 0) return 1;
-    if (force && strcmp(force, "two-pass") == 0) return 0;
-    return p->batch * p->heads_kv >= 2 * (int64_t)threads &&
-           dq_floats(p) * sizeof(float) <= BWD_DQ_MAX_BYTES;
-}
-
+/* Floats per thread: the one-pass schedule (bwd_schedule.c) adds its dQ buffer. */
 static size_t thread_floats(const fa_problem *p, int threads) {
     kv_bufs a;
-    return one_pass(p, threads) ? kv_layout(p->d, NULL, &a) + dq_floats(p)
-                                : per_thread_floats(p->d);
+    return fa_cpu_bwd_one_pass(p, threads, NULL, 0)
+               ? kv_layout(p->d, NULL, &a) + fa_cpu_bwd_dq_floats(p)
+               : per_thread_floats(p->d);
 }
 
 fa_cpu_tiles FA_ISA_FN(fa_cpu_bwd_tiled_tiles)(const fa_problem *p) {
@@ -506,15 +480,15 @@ void FA_ISA_FN(fa_cpu_bwd_tiled)(const fa_problem *p, void *ws, int threads) {
         rowdot_item(p, bh / p->heads_q, bh % p->heads_q, (w % ntq) * BQ, D);
     }
 
-    if (one_pass(p, threads)) {
+    if (fa_cpu_bwd_one_pass(p, threads, NULL, 0)) {
         kv_bufs unused;
         const size_t kvf = kv_layout(p->d, NULL, &unused);
-        const int64_t rows = dq_rows(p), dp = fa_tm_pad16((int)p->d);
+        const int64_t rows = fa_cpu_bwd_dq_rows(p), dp = fa_tm_pad16((int)p->d);
 #pragma omp parallel for num_threads(threads) schedule(dynamic)
         for (int64_t w = 0; w < p->batch * p->heads_kv; w++) {
             const int64_t b = w / p->heads_kv, hk = w % p->heads_kv;
             float *t = base + per_thread * (size_t)fa_tm_tid(), *dq = t + kvf;
-            memset(dq, 0, dq_floats(p) * sizeof(float));
+            memset(dq, 0, fa_cpu_bwd_dq_floats(p) * sizeof(float));
             for (int64_t g0 = 0; g0 < ntk; g0 += BWD_KSUB)
                 kv_item(p, b, hk, g0, BWD_KSUB, t, D, dq, rows);
             int64_t q0, sq, k0, sk;

@@ -29,6 +29,13 @@ typedef struct fa_cpu_tiles {
 fa_status fa_cpu_fwd_naive(const fa_problem *p, int plain, int threads, size_t *bytes_used);
 fa_status fa_cpu_bwd_naive(const fa_problem *p, int plain, int threads, size_t *bytes_used);
 
+/* bwd_schedule.c — the tiled backward's schedule: 1 for one-pass, 0 for two-pass, with the
+   reason for two-pass in why (may be NULL); and the one-pass dQ buffer of each thread (rows
+   per query head of the group, floats in all). */
+int fa_cpu_bwd_one_pass(const fa_problem *p, int threads, char *why, size_t len);
+int64_t fa_cpu_bwd_dq_rows(const fa_problem *p);
+size_t fa_cpu_bwd_dq_floats(const fa_problem *p);
+
 /* The tiled kernels exist once per instruction-set level (isa.h): in their files, FA_ISA is
    the level and FA_ISA_FN(f) names f's copy for it (f_avx512, ...). */
 #ifdef FA_ISA

@@ -1,0 +1,60 @@
+/*
+ * cpu/bwd_schedule.c — which schedule the tiled backward (bwd_tiled.c) runs, decided once for
+ * all instruction-set levels so that the backend can record it.
+ *
+ * One-pass: a work item per (batch, kv head) that also sums dQ into a per-thread buffer;
+ * 5 matmuls per tile pair. Two-pass: items per run of key tiles, then per run of query tiles,
+ * which rebuild P and dS twice (7 matmuls) but split a head over threads. One-pass needs at
+ * least two kv heads per thread (else threads idle) and a dQ buffer of at most 64 MiB.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#define DQ_MAX_BYTES ((size_t)64 << 20)
+
+static int64_t longest_q(const fa_problem *p) {
+    if (!p->cu_q) return p->seqlen_q;
+    int64_t mx = 0;
+    for (int64_t b = 0; b < p->batch; b++)
+        if (p->cu_q[b + 1] - p->cu_q[b] > mx) mx = p->cu_q[b + 1] - p->cu_q[b];
+    return mx;
+}
+
+int64_t fa_cpu_bwd_dq_rows(const fa_problem *p) {
+    return longest_q(p) + 4; /* + the last tile's padding rows (blocks of 4) */
+}
+
+size_t fa_cpu_bwd_dq_floats(const fa_problem *p) {
+    const size_t dp = ((size_t)p->d + 15) & ~(size_t)15;
+    return ((size_t)(p->group * fa_cpu_bwd_dq_rows(p)) * dp + 15) & ~(size_t)15;
+}
+
+int fa_cpu_bwd_one_pass(const fa_problem *p, int threads, char *why, size_t len) {
+    /* FLASHATTN_CPU_BWD_SCHEDULE=one-pass or two-pass forces a schedule: the tests run both
+       whatever the machine's core count */
+    const char *force = getenv("FLASHATTN_CPU_BWD_SCHEDULE");
+    int one;
+    if (force && strcmp(force, "one-pass") == 0)
+        one = 1;
+    else if (force && strcmp(force, "two-pass") == 0)
+        one = 0;
+    else
+        one = p->batch * p->heads_kv >= 2 * (int64_t)threads &&
+              fa_cpu_bwd_dq_floats(p) * sizeof(float) <= DQ_MAX_BYTES;
+    if (why && len) {
+        why[0] = '\0';
+        if (!one && force)
+            snprintf(why, len, "two-pass backward (FLASHATTN_CPU_BWD_SCHEDULE=two-pass)");
+        else if (!one)
+            snprintf(why, len,
+                     "two-pass backward (rebuilds P a second time): batch x kv heads = %lld, "
+                     "one-pass needs >= 2 per thread (%d threads) and a dQ buffer <= 64 MiB "
+                     "(%zu MiB)",
+                     (long long)(p->batch * p->heads_kv), threads,
+                     (fa_cpu_bwd_dq_floats(p) * sizeof(float)) >> 20);
+    }
+    return one;
+}
