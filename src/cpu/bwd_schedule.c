@@ -15,16 +15,9 @@
 
 #define DQ_MAX_BYTES ((size_t)64 << 20)
 
-static int64_t longest_q(const fa_problem *p) {
-    if (!p->cu_q) return p->seqlen_q;
-    int64_t mx = 0;
-    for (int64_t b = 0; b < p->batch; b++)
-        if (p->cu_q[b + 1] - p->cu_q[b] > mx) mx = p->cu_q[b + 1] - p->cu_q[b];
-    return mx;
-}
-
 int64_t fa_cpu_bwd_dq_rows(const fa_problem *p) {
-    return longest_q(p) + 4; /* + the last tile's padding rows (blocks of 4) */
+    /* the longest sequence (varlen too), + the last tile's padding rows (blocks of 4) */
+    return p->seqlen_q + 4;
 }
 
 size_t fa_cpu_bwd_dq_floats(const fa_problem *p) {

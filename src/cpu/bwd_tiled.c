@@ -116,14 +116,6 @@ static int64_t d_off(const fa_problem *p, int64_t b, int64_t h, int64_t q0) {
     return h * d_rows(p) + (p->cu_q ? q0 : b * p->seqlen_q);
 }
 
-static int64_t max_len(const int32_t *cu, int64_t batch, int64_t fixed) {
-    if (!cu) return fixed;
-    int64_t mx = 0;
-    for (int64_t b = 0; b < batch; b++)
-        if (cu[b + 1] - cu[b] > mx) mx = cu[b + 1] - cu[b];
-    return mx;
-}
-
 /* Floats per thread: the one-pass schedule (bwd_schedule.c) adds its dQ buffer. */
 static size_t thread_floats(const fa_problem *p, int threads) {
     kv_bufs a;
@@ -464,8 +456,9 @@ void FA_ISA_FN(fa_cpu_bwd_tiled)(const fa_problem *p, void *ws, int threads) {
     const size_t dfloats = ((size_t)(p->heads_q * d_rows(p)) + 15) & ~(size_t)15;
     float *base = D + dfloats;
     const size_t per_thread = thread_floats(p, threads);
-    const int64_t ntq = (max_len(p->cu_q, p->batch, p->seqlen_q) + BQ - 1) / BQ;
-    const int64_t ntk = (max_len(p->cu_k, p->batch, p->seqlen_k) + BK - 1) / BK;
+    /* varlen: seqlen_q/k are the longest sequences */
+    const int64_t ntq = (p->seqlen_q + BQ - 1) / BQ;
+    const int64_t ntk = (p->seqlen_k + BK - 1) / BK;
     const int64_t q_items = p->batch * p->heads_q * ntq;
     const int qgs = fa_tm_group(ntq, p->batch * p->heads_q, threads, BWD_QSUB);
     const int64_t nqg = (ntq + qgs - 1) / qgs;

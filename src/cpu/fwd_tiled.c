@@ -260,21 +260,12 @@ static void fwd_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int 
         sub_store(&B.sub[s], &rows[s], p, b, bq, q0 + (g0 + s) * BQ, nq[s], h, dp);
 }
 
-/* Longest query sequence: the tile count of the work grid. */
-static int64_t max_seqlen_q(const fa_problem *p) {
-    if (!p->cu_q) return p->seqlen_q;
-    int64_t mx = 0;
-    for (int64_t b = 0; b < p->batch; b++)
-        if (p->cu_q[b + 1] - p->cu_q[b] > mx) mx = p->cu_q[b + 1] - p->cu_q[b];
-    return mx;
-}
-
 void FA_ISA_FN(fa_cpu_fwd_tiled)(const fa_problem *p, void *ws, int threads) {
     if (threads < 1) threads = 1;
     fwd_bufs unused;
     const size_t per_thread = fwd_layout(p->d, NULL, &unused);
     float *base = fa_tm_align(ws);
-    const int64_t ntq = (max_seqlen_q(p) + BQ - 1) / BQ;
+    const int64_t ntq = (p->seqlen_q + BQ - 1) / BQ; /* varlen: the longest sequence */
     const int gsize = fa_tm_group(ntq, p->batch * p->heads_q, threads, FWD_QSUB);
     const int64_t ngroups = (ntq + gsize - 1) / gsize;
     const int64_t items = p->batch * p->heads_q * ngroups;
