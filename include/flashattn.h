@@ -308,7 +308,9 @@ FA_API const fa_selection *fa_last_selection(const fa_context *ctx);
 FA_API fa_status fa_fwd(fa_context *ctx, const fa_tensor *q, const fa_tensor *k,
                         const fa_tensor *v, const fa_params *p, fa_tensor *out, fa_tensor *lse);
 
-/* Bytes of workspace fa_fwd would use for these arguments (validated as fa_fwd does). */
+/* Bytes of workspace fa_fwd would use for these arguments (validated as fa_fwd does). On the
+   CPU: a few tiles per thread, whatever the sequence length; the amx level's bf16 forward also
+   holds a bf16 copy of K and V (packed for its tiles). */
 FA_API fa_status fa_fwd_workspace_size(fa_context *ctx, const fa_tensor *q, const fa_tensor *k,
                                        const fa_tensor *v, const fa_params *p, size_t *bytes);
 
@@ -330,7 +332,9 @@ FA_API fa_status fa_bwd(fa_context *ctx, const fa_tensor *q, const fa_tensor *k,
                         const fa_tensor *lse, const fa_params *p, fa_tensor *dq, fa_tensor *dk,
                         fa_tensor *dv);
 
-/* Bytes of workspace fa_bwd would use for these arguments. */
+/* Bytes of workspace fa_bwd would use for these arguments. On the CPU: one float per query row
+   and head (D), tiles per thread and, when the one-pass schedule runs (see the README), a dQ
+   accumulator of at most 64 MiB per thread. */
 FA_API fa_status fa_bwd_workspace_size(fa_context *ctx, const fa_tensor *q, const fa_tensor *k,
                                        const fa_tensor *v, const fa_params *p, size_t *bytes);
 
