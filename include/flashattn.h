@@ -334,7 +334,8 @@ FA_API fa_status fa_bwd(fa_context *ctx, const fa_tensor *q, const fa_tensor *k,
 
 /* Bytes of workspace fa_bwd would use for these arguments. On the CPU: one float per query row
    and head (D), tiles per thread and, when the one-pass schedule runs (see the README), a dQ
-   accumulator of at most 64 MiB per thread. */
+   accumulator of at most 64 MiB per thread (the amx level's bf16 backward: about three times
+   that, with the packed Q and dO of a kv head's query heads). */
 FA_API fa_status fa_bwd_workspace_size(fa_context *ctx, const fa_tensor *q, const fa_tensor *k,
                                        const fa_tensor *v, const fa_params *p, size_t *bytes);
 

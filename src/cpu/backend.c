@@ -186,8 +186,10 @@ const fa_cpu_isa_ops *fa_cpu_isa_fwd_level(const fa_cpu_isa_ops *isa, const fa_p
     return isa;
 }
 
-const fa_cpu_isa_ops *fa_cpu_isa_bwd_level(const fa_cpu_isa_ops *isa) {
-    while (isa->base && !isa->bwd) isa = isa->base;
+const fa_cpu_isa_ops *fa_cpu_isa_bwd_level(const fa_cpu_isa_ops *isa, const fa_problem *p,
+                                           int threads) {
+    while (isa->base && (!isa->bwd || (isa->bwd_takes && !isa->bwd_takes(p, threads))))
+        isa = isa->base;
     return isa;
 }
 
@@ -218,7 +220,8 @@ static fa_status cpu_bwd_workspace(fa_context *ctx, const fa_problem *p, size_t 
     *bytes = 0;
     if (ctx->algo != FA_ALGO_AUTO) return FA_OK;
     fa_status st = isa_for(ctx, "fa_bwd", &isa);
-    if (st == FA_OK) *bytes = fa_cpu_isa_bwd_level(isa)->bwd_ws(p, fa_cpu_threads(ctx));
+    const int threads = fa_cpu_threads(ctx);
+    if (st == FA_OK) *bytes = fa_cpu_isa_bwd_level(isa, p, threads)->bwd_ws(p, threads);
     return st;
 }
 
@@ -270,12 +273,22 @@ static fa_status cpu_bwd(fa_context *ctx, const fa_problem *p, void *ws, size_t 
     const fa_cpu_isa_ops *isa;
     fa_status st = isa_for(ctx, "fa_bwd", &isa);
     if (st != FA_OK) return st;
-    isa = fa_cpu_isa_bwd_level(isa);
+    const fa_cpu_isa_ops *active = isa;
+    isa = fa_cpu_isa_bwd_level(isa, p, threads);
     isa->bwd(p, ws, threads);
     const fa_cpu_tiles t = isa->bwd_tiles(p);
     record(ctx, "bwd", tiled_name(name, sizeof name, "bwd", isa, p->dtype, t), t, threads,
            isa->bwd_ws(p, threads));
     fa_cpu_bwd_one_pass(p, threads, ctx->sel.reason, sizeof ctx->sel.reason);
+    /* a level whose own backward covers the dtype but not this schedule says so */
+    if (active != isa && active->bwd && active->bwd_takes && active->bwd_takes(p, 0)) {
+        char *r = ctx->sel.reason;
+        const size_t len = sizeof ctx->sel.reason;
+        char schedule[sizeof ctx->sel.reason];
+        memcpy(schedule, r, len);
+        const int n = snprintf(r, len, "%s backward: one-pass only; ", active->name);
+        if (n > 0 && (size_t)n < len) snprintf(r + n, len - (size_t)n, "%s", schedule);
+    }
     return FA_OK;
 }
 
@@ -350,7 +363,7 @@ const fa_backend_ops fa_cpu_backend = {
 
 /* The references and the merge have one name; the tiled kernels one per level the build has,
    dtype and tile shape (64 x 64 on every complete level), each listed under the level that
-   owns it (the amx level owns only its bf16 forward). */
+   owns it (the amx level owns only its bf16 forward and backward). */
 static const char *const cpu_fixed_kernels[] = {
     "cpu_fwd_naive_f64", "cpu_bwd_naive_f64",  "cpu_fwd_plain_f32",  "cpu_fwd_plain_f16",
     "cpu_fwd_plain_bf16", "cpu_bwd_plain_f32", "cpu_bwd_plain_f16",  "cpu_bwd_plain_bf16",
@@ -377,7 +390,11 @@ static void list_tiled(void) {
                 if (o == 0) {
                     if (fa_cpu_isa_fwd_level(isa, &p) != isa) continue;
                     t = isa->fwd_tiles(&p);
-                } else if (o == 1 ? !isa->bwd : !isa->kv) {
+                } else if (o == 1) {
+                    /* threads 0: whether the level's backward covers the dtype at all */
+                    if (fa_cpu_isa_bwd_level(isa, &p, 0) != isa) continue;
+                    t = isa->bwd_tiles(&p);
+                } else if (!isa->kv) {
                     continue;
                 }
                 snprintf(g_tiled_names[g_tiled_count++], sizeof g_tiled_names[0],

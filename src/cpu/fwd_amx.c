@@ -27,31 +27,14 @@
  * Scale placement is fwd_tiled.c's (fa_tm_needs_transform): raw dot products, the scale inside
  * the exponential on tiles without a transform, the transform scaling the others.
  */
-#include <immintrin.h>
 #include <math.h>
 #include <string.h>
 
 #include "isa.h"
-#include "tile_math.h"
+#include "amx_common.h"
 
 #define BQ FA_TM_BQ /* query rows per work item (64: fa_tm_qrows, fa_tm_scores_kmajor) */
 #define BK 256      /* keys per O += P V step (one load and store of the accumulator) */
-#define KS 32       /* bf16 elements per tile row: the K step of tdpbf16ps */
-#define TR 16       /* rows per tile */
-
-/* Tile register roles (see the top of the file): macros, since the intrinsics paste the
-   register number into their assembly. */
-#define TC00 0
-#define TC01 1
-#define TC10 2
-#define TC11 3
-#define TA0 4
-#define TA1 5
-#define TB0 6
-#define TB1 7
-
-FA_TM_INLINE int64_t pad32l(int64_t n) { return (n + 31) & ~(int64_t)31; }
-FA_TM_INLINE int pad32(int n) { return (n + 31) & ~31; }
 
 /* ---- packed K and V (shared by all threads, written once per call) ---- */
 
@@ -105,74 +88,10 @@ static size_t amx_layout(int dp, float *base, amx_bufs *b) {
     return off;
 }
 
-/* ---- shuffles ---- */
-
-/* r[t] <- column t of the 16 x 16 matrix of dwords whose rows are r[0..15]: pairs of dwords,
-   then pairs of qwords inside 128-bit lanes, then the lanes themselves. */
-FA_TM_INLINE void transpose16(__m512i r[16]) {
-    __m512i t[16], u[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    /* u[4g + k], lane L: column 4L + k of rows 4g .. 4g + 3 */
-    for (int g = 0; g < 16; g += 4) {
-        u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
-        u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
-        u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
-        u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
-    }
-    for (int k = 0; k < 4; k++) {
-        const __m512i s0 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x44);
-        const __m512i s1 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xee);
-        const __m512i s2 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x44);
-        const __m512i s3 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xee);
-        r[k] = _mm512_shuffle_i32x4(s0, s2, 0x88);
-        r[4 + k] = _mm512_shuffle_i32x4(s0, s2, 0xdd);
-        r[8 + k] = _mm512_shuffle_i32x4(s1, s3, 0x88);
-        r[12 + k] = _mm512_shuffle_i32x4(s1, s3, 0xdd);
-    }
-}
-
-/* Word indices that interleave the low 16 words of two vectors: a0 b0 a1 b1 ... a15 b15
-   (b's words are 32..63 for vpermt2w, 16..31 after vcvtne2ps2bf16 put b in the high half). */
-FA_TM_INLINE __m512i interleave_idx(int bofs) {
-    uint16_t idx[32];
-    for (int t = 0; t < 16; t++) {
-        idx[2 * t] = (uint16_t)t;
-        idx[2 * t + 1] = (uint16_t)(bofs + t);
-    }
-    return _mm512_loadu_si512(idx);
-}
-
-/* dst[0..dp) = bf16 row src[0..d), zeros after (padding feeds the products: keep it 0).
-   Masked loads: nothing past the row is read, and no library call for these short rows. */
-FA_TM_INLINE void copy_row(uint16_t *restrict dst, const void *restrict src, int d, int dp) {
-    const uint16_t *s = (const uint16_t *)src;
-    for (int x = 0; x < dp; x += 32) {
-        const int n = d - x;
-        const __mmask32 m = n >= 32 ? ~(__mmask32)0 : ((__mmask32)1 << (n > 0 ? n : 0)) - 1;
-        _mm512_storeu_si512(dst + x, _mm512_maskz_loadu_epi16(m, s + x));
-    }
-}
-
 /* Block of 32 keys of V (rows of stg, dp columns) -> dst[x][0..32): the A operand of
-   O^T += V^T P^T, each 16-row tile of it 1 KiB contiguous. Pairs of key rows are
-   interleaved into dwords first, so a dword transpose finishes the job. */
+   O^T += V^T P^T, each 16-row tile of it 1 KiB contiguous. */
 static void transpose_v(uint16_t *restrict dst, const uint16_t *restrict stg, int dp) {
-    const __m512i idx = interleave_idx(32);
-    for (int x = 0; x < dp; x += 16) {
-        __m512i w[16];
-        for (int r = 0; r < 16; r++) {
-            const __m512i a = _mm512_castsi256_si512(
-                _mm256_loadu_si256((const __m256i *)(stg + (size_t)(2 * r) * dp + x)));
-            const __m512i b = _mm512_castsi256_si512(
-                _mm256_loadu_si256((const __m256i *)(stg + (size_t)(2 * r + 1) * dp + x)));
-            w[r] = _mm512_permutex2var_epi16(a, idx, b);
-        }
-        transpose16(w);
-        for (int t = 0; t < 16; t++) _mm512_storeu_si512(dst + (size_t)(x + t) * KS, w[t]);
-    }
+    transpose_rows32(dst, KS, stg, (size_t)dp, dp);
 }
 
 /* Packs keys [j, j + 32) of kv head hk of sequence b (rows past its end zero). */
@@ -227,11 +146,6 @@ typedef struct ktile {
     int nk, nk32, kind;
     const uint16_t *k, *vt; /* its packed K rows and V^T blocks */
 } ktile;
-
-/* The tile intrinsics tell the compiler that tilestored writes memory but not that tileloadd
-   reads it: this barrier keeps the vector stores of the softmax (and of the packing) ahead
-   of the tile loads that consume them. */
-#define AMX_FENCE() __asm__ volatile("" ::: "memory")
 
 /* st = K Q^T for keys [kb, kb + 32) of the tile and queries [qb, qb + 32): raw dot products. */
 FA_TM_INLINE void scores_block(const ktile *t, const amx_bufs *B, int kb, int qb, int dp) {
@@ -615,13 +529,6 @@ static size_t amx_ws(const fa_problem *p, int threads) {
            (size_t)threads * amx_layout(pad32((int)p->d), NULL, &b) * sizeof(float);
 }
 
-/* The tile configuration: palette 1, all eight tiles 16 rows of 64 bytes. */
-typedef struct amx_config {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amx_config;
-
 static void amx_fwd(const fa_problem *p, void *ws, int threads) {
     if (threads < 1) threads = 1;
     amx_pack pk;
@@ -635,12 +542,7 @@ static void amx_fwd(const fa_problem *p, void *ws, int threads) {
     const size_t per_thread = amx_layout(pk.dp, NULL, &unused);
 
     amx_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg.colsb[t] = 64;
-        cfg.rows[t] = TR;
-    }
+    amx_config_init(&cfg);
 
     const int64_t nkb = pad32l(p->seqlen_k) / KS; /* 32-key blocks of the longest sequence */
     const int64_t packs = p->heads_kv * p->batch * nkb;
@@ -676,7 +578,8 @@ static void vexp_array(float *x, size_t n) {
     if (i < n) fa_vexp_row(x + i, x + i, (int)(n - i), 1.0f, 0.0f);
 }
 
-/* The amx level: its own forward for bf16, the avx512 level's kernels for everything else. */
+/* The amx level: its own forward and backward for bf16 (bwd_amx.c), the avx512 level's
+   kernels for everything else. */
 extern const fa_cpu_isa_ops fa_cpu_isa_ops_avx512;
 
 const fa_cpu_isa_ops fa_cpu_isa_ops_amx = {
@@ -684,7 +587,11 @@ const fa_cpu_isa_ops fa_cpu_isa_ops_amx = {
     .fwd_tiles = amx_tiles,
     .fwd_ws = amx_ws,
     .fwd = amx_fwd,
+    .bwd_tiles = fa_cpu_amx_bwd_tiles,
+    .bwd_ws = fa_cpu_amx_bwd_ws,
+    .bwd = fa_cpu_amx_bwd,
     .exp = vexp_array,
     .base = &fa_cpu_isa_ops_avx512,
     .fwd_takes = amx_takes,
+    .bwd_takes = fa_cpu_amx_bwd_takes,
 };

@@ -8,10 +8,12 @@
  * picks a level's table at run time: the widest the CPU has, or the one FLASHATTN_CPU_ISA
  * names (an error when the CPU lacks it, never a silent downgrade).
  *
- * The amx level is the exception: it is the avx512 level plus one kernel of its own
- * (fwd_amx.c, compiled alone with the AMX flags), so its table names the avx512 table as its
- * base and leaves NULL what it does not own. The backend resolves every call to the level
- * whose kernel runs, and that level's name is the one recorded.
+ * The amx level is the exception: it is the avx512 level plus kernels of its own (the bf16
+ * forward, fwd_amx.c, and the bf16 one-pass backward, bwd_amx.c, compiled alone with the AMX
+ * flags), so its table names the avx512 table as its base and leaves NULL what it does not
+ * own; fwd_takes and bwd_takes send the problems its kernels do not take to the base. The
+ * backend resolves every call to the level whose kernel runs, and that level's name is the
+ * one recorded.
  */
 #ifndef FA_CPU_ISA_H
 #define FA_CPU_ISA_H
@@ -44,6 +46,9 @@ typedef struct fa_cpu_isa_ops {
        NULL here and every forward that fwd_takes (when set) refuses. */
     const struct fa_cpu_isa_ops *base;
     int (*fwd_takes)(const fa_problem *p);
+    /* The same for the backward, which also depends on the thread count (its schedule);
+       threads 0 asks only whether the kernel covers problems of p's dtype and head dim. */
+    int (*bwd_takes)(const fa_problem *p, int threads);
 } fa_cpu_isa_ops;
 
 /* The table of a level; NULL when this build lacks it (non-x86 builds have scalar only). */
@@ -56,7 +61,14 @@ const fa_cpu_isa_ops *fa_cpu_isa_active(const char **why);
 /* The level of isa (itself or a base) whose kernel serves the forward of p, the backward, and
    the KV-cache forward. */
 const fa_cpu_isa_ops *fa_cpu_isa_fwd_level(const fa_cpu_isa_ops *isa, const fa_problem *p);
-const fa_cpu_isa_ops *fa_cpu_isa_bwd_level(const fa_cpu_isa_ops *isa);
+const fa_cpu_isa_ops *fa_cpu_isa_bwd_level(const fa_cpu_isa_ops *isa, const fa_problem *p,
+                                           int threads);
 const fa_cpu_isa_ops *fa_cpu_isa_kv_level(const fa_cpu_isa_ops *isa);
+
+/* bwd_amx.c — the amx level's backward (bf16, the one-pass schedule only). */
+int fa_cpu_amx_bwd_takes(const fa_problem *p, int threads);
+fa_cpu_tiles fa_cpu_amx_bwd_tiles(const fa_problem *p);
+size_t fa_cpu_amx_bwd_ws(const fa_problem *p, int threads);
+void fa_cpu_amx_bwd(const fa_problem *p, void *ws, int threads);
 
 #endif /* FA_CPU_ISA_H */

@@ -25,4 +25,5 @@ const fa_cpu_isa_ops FA_ISA_FN(fa_cpu_isa_ops) = {
     vexp_array,
     NULL, /* complete: no base level */
     NULL,
+    NULL,
 };

@@ -1,0 +1,525 @@
+/*
+ * cpu/bwd_amx.c — FlashAttention backward for bf16 inputs on AMX (the `amx` level, isa.h).
+ *
+ * bwd_tiled.c's one-pass schedule with the five tile products on the AMX unit: a work item
+ * per (batch, kv head) owns dK and dV of its key tiles and sums dQ of every query row of its
+ * group into a per-thread fp32 buffer. Problems for which bwd_schedule.c picks the two-pass
+ * schedule (too few kv heads for the threads, or a dQ buffer too large) are refused
+ * (bwd_takes), so the avx512 backward runs them and the record names it.
+ *
+ * For a query tile (64 rows i) and a key tile (64 keys j), all query-major:
+ *   S   = Q K^T        A = Q rows,   B = K^T in VNNI pairs of head-dim elements (kvn)
+ *   dP  = dO V^T       A = dO rows,  B = V^T in VNNI pairs (vvn)
+ *   P   = exp(s - LSE) as bwd_tiled.c builds it (scale placement: fa_tm_needs_transform);
+ *   dS  = P (dP - D)   (times 1 - tanh^2 with softcap)
+ *   dV^T += dO^T P     A = dO^T rows, B = P in VNNI pairs of query rows (pp)
+ *   dK^T += Q^T dS     A = Q^T rows,  B = dS in VNNI pairs of query rows (dsp)
+ *   dQ  += dS K        A = dS rows in bf16 (dsr), B = K in VNNI pairs of keys (kp)
+ * P and dS are rounded to bf16 for the products (as the plain bf16 baseline rounds its matmul
+ * inputs); every accumulator is fp32. dK and dQ take the scale when they are stored.
+ *
+ * The query side (Q and dO rows, their transposes, LSE, D = rowsum(dO * O), computed here
+ * instead of in a pass of its own) is packed once per work item for all query heads of the
+ * group, the key side once per key tile; the per-thread buffers are then about three times
+ * the one-pass dQ buffer that bwd_schedule.c bounds. Runs of QG query tiles meet KG key tiles
+ * at a time (see QG, KG). The head dim is padded with zeros to a multiple of 32, queries and
+ * keys to 32 (zero rows), and P and dS are zeroed past the tile's keys, so the padding never
+ * reaches a stored value.
+ *
+ * Measured on a 2-core Sapphire Rapids (bench/cpu_vs_torch.py, B 1, H 8): 1.4-1.6 TFLOP/s at
+ * d 128, 2.4-3.5x PyTorch's CPU SDPA backward in bf16, where the avx512 backward measured
+ * 0.58-1.19x (bench/results/2026-11-23-cpu-4741eb8.md).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "amx_common.h"
+#include "isa.h"
+
+#define BQ FA_TM_BQ /* query rows of a tile (64: fa_tm_qrows, fa_tm_scores_qmajor) */
+#define BK FA_TM_BK /* keys of a tile (64: the row stride fa_tm_scores_qmajor assumes) */
+/* Query tiles whose P and dS join one dV, dK product: the accumulators (a load and a store
+   of dp x BK floats each per product) are then read once per QG tiles. */
+#define QG 4
+/* Key tiles that each run of query tiles meets while it is in cache: the query side of a
+   work item (its packed operands and dQ, megabytes at long sequences) then streams through
+   the cache once per KG key tiles. */
+#define KG 4
+
+FA_TM_INLINE int64_t pad64l(int64_t n) { return (n + 63) & ~(int64_t)63; }
+
+/* ---- per-thread buffers ---- */
+
+/* One key tile: its operands and gradient accumulators. */
+typedef struct kt_bufs {
+    uint32_t *kvn, *vvn; /* dp/2 x BK: kvn[r][j] = (K[j][2r], K[j][2r+1]) */
+    uint32_t *kp;        /* BK/2 x dp: kp[r][x] = (K[2r][x], K[2r+1][x]) */
+    float *dkt, *dvt;    /* dp x BK: dK^T and dV^T accumulators */
+} kt_bufs;
+
+typedef struct bwd_bufs {
+    /* the work item's query side: nrows rows per query head of the group */
+    uint16_t *qr, *dor; /* group x nrows x dp: Q and dO rows, zero padded */
+    uint16_t *qt, *dot; /* group x nrows/64 x dp x 64: Q^T and dO^T by blocks of 64 rows
+                           (a tile's 16 rows 128 bytes apart: whole rows of the transposed
+                           matrix, nrows * 2 bytes apart, would share one L1 set when that
+                           is a multiple of 4 KiB) */
+    float *lse, *dd;    /* group x nrows: LSE (+inf where a row sees no key) and D */
+    float *dq;          /* group x nrows x dp: dQ, unscaled */
+    /* the key tiles */
+    uint16_t *stg;       /* BK x dp: K or V rows, zero padded */
+    kt_bufs kt[KG];
+    float *tmp;          /* BK x dp: a gradient tile transposed back, for the store */
+    /* a tile pair */
+    float *s, *dps, *g;  /* BQ x BK: scores; dP; softcap derivative */
+    uint32_t *pp, *dsp;  /* QG*BQ/2 x BK: pp[r][j] = (P[2r][j], P[2r+1][j]), same for dS,
+                            rows of a run of QG query tiles */
+    uint16_t *dsr;       /* BQ x BK: dS rows */
+} bwd_bufs;
+
+/* Rows per query head in the item buffers: the longest query sequence, padded to a tile. */
+static int64_t item_rows(const fa_problem *p) {
+    int64_t mx = p->seqlen_q;
+    if (p->cu_q)
+        for (int64_t b = 0; b < p->batch; b++)
+            if (p->cu_q[b + 1] - p->cu_q[b] > mx) mx = p->cu_q[b + 1] - p->cu_q[b];
+    return pad64l(mx);
+}
+
+/* Places the buffers at base (or only counts, base NULL); returns floats per thread. */
+static size_t bwd_layout(const fa_problem *p, float *base, bwd_bufs *b) {
+    const size_t dp = (size_t)pad32((int)p->d), nr = (size_t)item_rows(p);
+    const size_t qside = (size_t)p->group * nr * dp; /* elements of one query-side operand */
+    size_t off = 0;
+    b->qr = (uint16_t *)fa_tm_take(base, &off, qside / 2);
+    b->dor = (uint16_t *)fa_tm_take(base, &off, qside / 2);
+    b->qt = (uint16_t *)fa_tm_take(base, &off, qside / 2);
+    b->dot = (uint16_t *)fa_tm_take(base, &off, qside / 2);
+    b->lse = fa_tm_take(base, &off, (size_t)p->group * nr);
+    b->dd = fa_tm_take(base, &off, (size_t)p->group * nr);
+    b->dq = fa_tm_take(base, &off, qside);
+    b->stg = (uint16_t *)fa_tm_take(base, &off, BK * dp / 2);
+    for (int t = 0; t < KG; t++) {
+        kt_bufs *k = &b->kt[t];
+        k->kvn = (uint32_t *)fa_tm_take(base, &off, dp / 2 * BK);
+        k->vvn = (uint32_t *)fa_tm_take(base, &off, dp / 2 * BK);
+        k->kp = (uint32_t *)fa_tm_take(base, &off, BK / 2 * dp);
+        k->dkt = fa_tm_take(base, &off, dp * BK);
+        k->dvt = fa_tm_take(base, &off, dp * BK);
+    }
+    b->tmp = fa_tm_take(base, &off, BK * dp);
+    b->s = fa_tm_take(base, &off, (size_t)BQ * BK);
+    b->dps = fa_tm_take(base, &off, (size_t)BQ * BK);
+    b->g = fa_tm_take(base, &off, (size_t)BQ * BK);
+    b->pp = (uint32_t *)fa_tm_take(base, &off, (size_t)QG * BQ / 2 * BK);
+    b->dsp = (uint32_t *)fa_tm_take(base, &off, (size_t)QG * BQ / 2 * BK);
+    b->dsr = (uint16_t *)fa_tm_take(base, &off, (size_t)BQ * BK / 2);
+    return off;
+}
+
+/* ---- packing ---- */
+
+/* bf16 -> fp32 of 16 elements (masked: nothing past n is read). */
+FA_TM_INLINE __m512 load16_bf(const uint16_t *s, int n) {
+    const __mmask32 m = n >= 16 ? (__mmask32)0xffff : (__mmask32)((1u << (n > 0 ? n : 0)) - 1);
+    const __m256i h = _mm512_castsi512_si256(_mm512_maskz_loadu_epi16(m, s));
+    const __m512i w = _mm512_cvtepu16_epi32(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+/* D = rowsum(dO * O) of one row, in fp32. */
+static float row_dot(const uint16_t *o, const uint16_t *g, int d) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int x = 0; x < d; x += 16)
+        acc = _mm512_fmadd_ps(load16_bf(o + x, d - x), load16_bf(g + x, d - x), acc);
+    return _mm512_reduce_add_ps(acc);
+}
+
+/* LSE as the exponentials want it: a row that saw no key (-inf) must give P = 0, and
+   exp(s - (+inf)) is 0 where exp(s - (-inf)) would be inf or NaN. */
+FA_TM_INLINE float lse_ref(const fa_problem *p, int64_t b, int64_t h, int64_t t) {
+    const float v = ((const float *)p->lse)[b * p->lse_sb + h * p->lse_sh + t * p->lse_st];
+    return v == -INFINITY ? INFINITY : v;
+}
+
+/* The query side of item (b, kv head hk): rows [0, pad64(sq)) of every head of the group. */
+static void pack_queries(const fa_problem *p, const bwd_bufs *B, int64_t b, int64_t hk,
+                         int64_t q0, int64_t sq) {
+    const int d = (int)p->d, dp = pad32(d);
+    const int64_t nr = item_rows(p), n64 = pad64l(sq), bq = p->cu_q ? 0 : b;
+    for (int64_t r = 0; r < p->group; r++) {
+        const int64_t h = hk * p->group + r;
+        uint16_t *qr = B->qr + (size_t)(r * nr) * dp, *dor = B->dor + (size_t)(r * nr) * dp;
+        float *lse = B->lse + r * nr, *dd = B->dd + r * nr;
+        for (int64_t i = 0; i < n64; i++) {
+            if (i < sq) {
+                const uint16_t *g = (const uint16_t *)fa_tm_row(&p->dout, 2, bq, q0 + i, h);
+                copy_row(qr + (size_t)i * dp, fa_tm_row(&p->q, 2, bq, q0 + i, h), d, dp);
+                copy_row(dor + (size_t)i * dp, g, d, dp);
+                lse[i] = lse_ref(p, b, h, q0 + i);
+                dd[i] = row_dot((const uint16_t *)fa_tm_row(&p->o, 2, bq, q0 + i, h), g, d);
+            } else { /* padding rows: zero operands, P = 0 */
+                memset(qr + (size_t)i * dp, 0, (size_t)dp * 2);
+                memset(dor + (size_t)i * dp, 0, (size_t)dp * 2);
+                lse[i] = INFINITY;
+                dd[i] = 0.0f;
+            }
+        }
+        uint16_t *qt = B->qt + (size_t)(r * nr) * dp, *dot = B->dot + (size_t)(r * nr) * dp;
+        for (int64_t i = 0; i < n64; i += 32) {
+            const size_t at = (size_t)(i & ~(int64_t)63) * dp + (size_t)(i & 63);
+            transpose_rows32(qt + at, BQ, qr + (size_t)i * dp, (size_t)dp, dp);
+            transpose_rows32(dot + at, BQ, dor + (size_t)i * dp, (size_t)dp, dp);
+        }
+    }
+}
+
+/* dst[r][j] = dword r of row j of stg (BK rows): the transpose of the rows as dwords. */
+static void dword_transpose(uint32_t *dst, const uint16_t *stg, int dp) {
+    const uint32_t *s = (const uint32_t *)stg;
+    const int dw = dp / 2;
+    for (int j0 = 0; j0 < BK; j0 += 16)
+        for (int r0 = 0; r0 < dw; r0 += 16) {
+            __m512i w[16];
+            for (int j = 0; j < 16; j++) w[j] = _mm512_loadu_si512(s + (size_t)(j0 + j) * dw + r0);
+            transpose16(w);
+            for (int t = 0; t < 16; t++)
+                _mm512_storeu_si512(dst + (size_t)(r0 + t) * BK + j0, w[t]);
+        }
+}
+
+/* stg = rows [t0, t0 + nk) of kv head hk of operand a, zero past nk. */
+static void stage_keys(const fa_problem *p, const fa_operand *a, uint16_t *stg, int64_t bk,
+                       int64_t t0, int nk, int64_t hk, int dp) {
+    for (int j = 0; j < BK; j++) {
+        if (j < nk)
+            copy_row(stg + (size_t)j * dp, fa_tm_row(a, 2, bk, t0 + j, hk), (int)p->d, dp);
+        else
+            memset(stg + (size_t)j * dp, 0, (size_t)dp * 2);
+    }
+}
+
+/* The key side of a key tile: kvn and kp from K, vvn from V. */
+static void pack_keys(const fa_problem *p, const bwd_bufs *B, const kt_bufs *K, int64_t bk,
+                      int64_t t0, int nk, int64_t hk, int dp) {
+    stage_keys(p, &p->k, B->stg, bk, t0, nk, hk, dp);
+    dword_transpose(K->kvn, B->stg, dp);
+    const __m512i idx = interleave_idx(32);
+    for (int r = 0; r < BK / 2; r++)
+        for (int x = 0; x < dp; x += 16) {
+            const __m512i a = _mm512_castsi256_si512(
+                _mm256_loadu_si256((const __m256i *)(B->stg + (size_t)(2 * r) * dp + x)));
+            const __m512i c = _mm512_castsi256_si512(
+                _mm256_loadu_si256((const __m256i *)(B->stg + (size_t)(2 * r + 1) * dp + x)));
+            _mm512_storeu_si512(K->kp + (size_t)r * dp + x, _mm512_permutex2var_epi16(a, idx, c));
+        }
+    stage_keys(p, &p->v, B->stg, bk, t0, nk, hk, dp);
+    dword_transpose(K->vvn, B->stg, dp);
+}
+
+/* ---- the tile products ---- */
+
+/* A 32 x 32 block of C (fp32, row stride cs bytes) += steps products of a 32-row A slab (row
+   stride as bytes; K step k at a + (k / 2) a_pair + (k % 2) a_step bytes) and a 32-column B
+   slab (row stride bs bytes, the next K step b_step bytes on); C starts at zero when zero is
+   set. */
+FA_TM_INLINE void block2x2(float *c, size_t cs, int zero, const char *a, size_t as,
+                           size_t a_step, size_t a_pair, const char *b, size_t bs,
+                           size_t b_step, int steps) {
+    char *cb = (char *)c;
+    AMX_FENCE();
+    if (zero) {
+        _tile_zero(TC00);
+        _tile_zero(TC01);
+        _tile_zero(TC10);
+        _tile_zero(TC11);
+    } else {
+        _tile_loadd(TC00, cb, cs);
+        _tile_loadd(TC01, cb + 64, cs);
+        _tile_loadd(TC10, cb + TR * cs, cs);
+        _tile_loadd(TC11, cb + TR * cs + 64, cs);
+    }
+    for (int k = 0; k < steps; k++, b += b_step) {
+        const char *ak = a + (size_t)(k >> 1) * a_pair + (size_t)(k & 1) * a_step;
+        _tile_loadd(TA0, ak, as);
+        _tile_loadd(TA1, ak + TR * as, as);
+        _tile_loadd(TB0, b, bs);
+        _tile_loadd(TB1, b + 64, bs);
+        _tile_dpbf16ps(TC00, TA0, TB0);
+        _tile_dpbf16ps(TC01, TA0, TB1);
+        _tile_dpbf16ps(TC10, TA1, TB0);
+        _tile_dpbf16ps(TC11, TA1, TB1);
+    }
+    _tile_stored(TC00, cb, cs);
+    _tile_stored(TC01, cb + 64, cs);
+    _tile_stored(TC10, cb + TR * cs, cs);
+    _tile_stored(TC11, cb + TR * cs + 64, cs);
+    AMX_FENCE();
+}
+
+/* out[i][j] = sum_x rows[i][x] vnn[x/2][j] for i < nq32, j < nk32: S (Q, kvn) or dP (dO, vvn). */
+static void rows_times_keys(float *out, const uint16_t *rows, const uint32_t *vnn, int nq32,
+                            int nk32, int dp) {
+    for (int qb = 0; qb < nq32; qb += 32)
+        for (int kb = 0; kb < nk32; kb += 32)
+            block2x2(out + (size_t)qb * BK + kb, BK * 4, 1,
+                     (const char *)(rows + (size_t)qb * dp), (size_t)dp * 2, KS * 2, KS * 4,
+                     (const char *)(vnn + kb), BK * 4, (size_t)TR * BK * 4, dp / KS);
+}
+
+/* acc[x][j] += sum_i tr[x][i] pairs[i/2][j] over nq32 queries: dV^T (dO^T, P) or dK^T (Q^T,
+   dS). tr is the head's transposed operand at the block of the run's first row. */
+static void trans_times_pairs(float *acc, const uint16_t *tr, const uint32_t *pairs, int nq32,
+                              int nk32, int dp) {
+    for (int xb = 0; xb < dp; xb += 32)
+        for (int kb = 0; kb < nk32; kb += 32)
+            block2x2(acc + (size_t)xb * BK + kb, BK * 4, 0,
+                     (const char *)(tr + (size_t)xb * BQ), BQ * 2, KS * 2, (size_t)BQ * dp * 2,
+                     (const char *)(pairs + kb), BK * 4, (size_t)TR * BK * 4, nq32 / KS);
+}
+
+/* dq[i][x] += sum_j dS[i][j] K[j][x] over the tile's nk32 keys. */
+static void ds_times_keys(float *dq, const bwd_bufs *B, const uint32_t *kp, int nq32, int nk32,
+                          int dp) {
+    for (int qb = 0; qb < nq32; qb += 32)
+        for (int xb = 0; xb < dp; xb += 32)
+            block2x2(dq + (size_t)qb * dp + xb, (size_t)dp * 4, 0,
+                     (const char *)(B->dsr + (size_t)qb * BK), BK * 2, KS * 2, KS * 4,
+                     (const char *)(kp + xb), (size_t)dp * 4, (size_t)TR * dp * 4, nk32 / KS);
+}
+
+/* ---- P and dS ---- */
+
+/* Rows i and i + 1 of a 16-column chunk into a VNNI pair row: (a[j], b[j]) per dword. */
+FA_TM_INLINE void store_pair(uint32_t *dst, __m512 a, __m512 b, __m512i ilv) {
+    const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(b, a); /* a low half, b high */
+    _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(ilv, w));
+}
+
+/* P = exp(mul s - LSE) and dS = P (dP - D) (times g with softcap) of one row, 16 columns at
+   j, zero at and past column nk. */
+FA_TM_INLINE void row_chunk(const bwd_bufs *B, int i, int j, int nk, float mul, float lse,
+                            float di, int cap, __m512 *pv, __m512 *dsv) {
+    const float *s = B->s + (size_t)i * BK + j, *dp = B->dps + (size_t)i * BK + j;
+    const int n = nk - j;
+    const __mmask16 keep = n >= 16 ? (__mmask16)0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
+    fa_vf x = fa_vload(s) * fa_vset1(mul) - fa_vset1(lse); /* as fa_vexp_softmax_row */
+    const __m512 pr = _mm512_maskz_mov_ps(keep, (__m512)fa_vexp_softmax(x));
+    __m512 ds = _mm512_mul_ps(pr, _mm512_sub_ps(_mm512_loadu_ps(dp), _mm512_set1_ps(di)));
+    if (cap) ds = _mm512_maskz_mul_ps(keep, ds, _mm512_loadu_ps(B->g + (size_t)i * BK + j));
+    *pv = pr;
+    *dsv = ds;
+}
+
+/* The pair's P and dS in the three layouts the products read, for rows < nq32 (a row past
+   nq has LSE +inf: P = 0; its softcap derivative was never written, so it is not read) and
+   columns < nk32. */
+static void build_p_ds(const bwd_bufs *B, uint32_t *pp, uint32_t *dsp, const float *lse,
+                       const float *dd, int nq, int nq32, int nk, int nk32, float mul, int cap) {
+    const __m512i ilv = interleave_idx(16);
+    for (int i = 0; i < nq32; i += 2)
+        for (int j = 0; j < nk32; j += 16) {
+            __m512 p0, p1, d0, d1;
+            row_chunk(B, i, j, nk, mul, lse[i], dd[i], cap && i < nq, &p0, &d0);
+            row_chunk(B, i + 1, j, nk, mul, lse[i + 1], dd[i + 1], cap && i + 1 < nq, &p1, &d1);
+            store_pair(pp + (size_t)(i / 2) * BK + j, p0, p1, ilv);
+            store_pair(dsp + (size_t)(i / 2) * BK + j, d0, d1, ilv);
+            _mm256_storeu_si256((__m256i *)(B->dsr + (size_t)i * BK + j),
+                                (__m256i)_mm512_cvtneps_pbh(d0));
+            _mm256_storeu_si256((__m256i *)(B->dsr + (size_t)(i + 1) * BK + j),
+                                (__m256i)_mm512_cvtneps_pbh(d1));
+        }
+}
+
+/* ---- one work item ---- */
+
+/* First row in [a, z) whose key range ends after `key` (by_lo 0) or starts at or after it
+   (by_lo 1); both ends of the ranges never decrease with the row, so bisect. */
+static int64_t first_row(const fa_problem *p, int64_t sq, int64_t sk, int64_t a, int64_t z,
+                         int64_t key, int by_lo) {
+    while (a < z) {
+        const int64_t i = a + (z - a) / 2;
+        int64_t lo, hi;
+        fa_row_keys(p, i, sq, sk, &lo, &hi);
+        if (by_lo ? lo >= key : hi > key)
+            z = i;
+        else
+            a = i + 1;
+    }
+    return a;
+}
+
+/* Where a tile pair runs: the query tile of head r of the group at row i0 against the key
+   tile at j0; slot: its place in the run of query tiles that share a dV, dK product. */
+typedef struct pair_at {
+    int64_t r, i0, j0;
+    int nq, nk, slot;
+} pair_at;
+
+/* One query tile against the key tile: P and dS (into the run's slot), and dQ. */
+static void tile_pair(const fa_problem *p, const bwd_bufs *B, const kt_bufs *K,
+                      const fa_tm_qrows *rows, int kind, const pair_at *at, float slope) {
+    const int dp = pad32((int)p->d), nq32 = pad32(at->nq), nk32 = pad32(at->nk);
+    const int64_t nr = item_rows(p), row0 = at->r * nr + at->i0;
+    rows_times_keys(B->s, B->qr + (size_t)row0 * dp, K->kvn, nq32, nk32, dp);
+    rows_times_keys(B->dps, B->dor + (size_t)row0 * dp, K->vvn, nq32, nk32, dp);
+    const float cap = p->softcap;
+    const int transform = fa_tm_needs_transform(kind, cap, slope);
+    if (transform) {
+        fa_tm_rel rel;
+        fa_tm_rel_init(&rel, rows, at->j0);
+        fa_tm_scores_qmajor(B->s, cap > 0 ? B->g : NULL, at->nq, at->nk, &rel, p->scale, cap,
+                            slope, kind == FA_TM_PARTIAL);
+    }
+    const size_t slot = (size_t)at->slot * BQ / 2 * BK;
+    build_p_ds(B, B->pp + slot, B->dsp + slot, B->lse + row0, B->dd + row0, at->nq, nq32,
+               at->nk, nk32, transform ? 1.0f : p->scale, cap > 0);
+    ds_times_keys(B->dq + (size_t)row0 * dp, B, K->kp, nq32, nk32, dp);
+}
+
+/* A run of query tiles with nothing to see gets P = dS = 0 in its slot. */
+static void empty_slot(const bwd_bufs *B, int slot) {
+    const size_t at = (size_t)slot * BQ / 2 * BK, n = (size_t)BQ / 2 * BK * 4;
+    memset(B->pp + at, 0, n);
+    memset(B->dsp + at, 0, n);
+}
+
+/* dV, dK += the run of query tiles of head r from row i0 (rows32 rows, padding included). */
+static void run_products(const fa_problem *p, const bwd_bufs *B, const kt_bufs *K, int64_t r,
+                         int64_t i0, int rows32, int nk32) {
+    const int dp = pad32((int)p->d);
+    const int64_t nr = item_rows(p);
+    const size_t t0 = (size_t)(r * nr + i0) * dp; /* i0 is on the 64-row grid */
+    trans_times_pairs(K->dvt, B->dot + t0, B->pp, rows32, nk32, dp);
+    trans_times_pairs(K->dkt, B->qt + t0, B->dsp, rows32, nk32, dp);
+}
+
+/* Rows [0, nk) of a gradient tile held transposed (acc[x][j]) -> operand rows, times mul. */
+static void store_keys(const fa_problem *p, const bwd_bufs *B, const float *acc,
+                       const fa_operand *dst, int64_t bk, int64_t t0, int nk, int64_t hk,
+                       float mul) {
+    const int d = (int)p->d, dp = pad32(d);
+    for (int j0 = 0; j0 < nk; j0 += 16)
+        for (int x0 = 0; x0 < dp; x0 += 16) {
+            __m512i w[16];
+            for (int t = 0; t < 16; t++)
+                w[t] = _mm512_loadu_si512(acc + (size_t)(x0 + t) * BK + j0);
+            transpose16(w);
+            for (int t = 0; t < 16; t++)
+                _mm512_storeu_si512(B->tmp + (size_t)(j0 + t) * dp + x0, w[t]);
+        }
+    for (int j = 0; j < nk; j++)
+        fa_tm_store_row(fa_tm_row(dst, 2, bk, t0 + j, hk), FA_DTYPE_BF16,
+                        B->tmp + (size_t)j * dp, d, mul);
+}
+
+/* Every query tile of every head of the group that sees key tiles j0, j0 + BK, ... (n of
+   them, nk[t] keys each), in runs of QG tiles on the 64-row grid (the packed transposes start
+   there): each run meets all n key tiles while it is in cache. Rows outside [ia, ib) see
+   none of the keys, which the classification tells. */
+static void key_group(const fa_problem *p, const bwd_bufs *B, int64_t b, int64_t hk,
+                      int64_t sq, int64_t sk, int64_t j0, int n, const int *nk) {
+    const int64_t ia = first_row(p, sq, sk, 0, sq, j0, 0);
+    const int64_t ib = first_row(p, sq, sk, ia, sq, j0 + (n - 1) * BK + nk[n - 1], 1);
+    fa_tm_qrows rows[QG];
+    pair_at at;
+    for (at.r = 0; at.r < p->group; at.r++) {
+        const float slope = fa_alibi_slope(p, b, hk * p->group + at.r);
+        for (int64_t g0 = ia & ~(int64_t)63; g0 < ib; g0 += QG * BQ) {
+            int nrun = 0;
+            for (; nrun < QG && g0 + nrun * BQ < ib; nrun++) {
+                const int64_t i0 = g0 + nrun * BQ;
+                fa_tm_qrows_init(&rows[nrun], p, i0, sq - i0 < BQ ? (int)(sq - i0) : BQ, sq, sk);
+            }
+            /* only the last tile of the sequence can be short */
+            const int rows32 = (nrun - 1) * BQ + pad32(rows[nrun - 1].n);
+            for (int t = 0; t < n; t++) {
+                at.j0 = j0 + t * BK;
+                at.nk = nk[t];
+                int any = 0;
+                for (at.slot = 0; at.slot < nrun; at.slot++) {
+                    at.i0 = g0 + at.slot * BQ;
+                    at.nq = rows[at.slot].n;
+                    const int kind = fa_tm_classify(&rows[at.slot], at.j0, at.j0 + at.nk);
+                    if (kind != FA_TM_NONE)
+                        tile_pair(p, B, &B->kt[t], &rows[at.slot], kind, &at, slope);
+                    else
+                        empty_slot(B, at.slot);
+                    any |= kind != FA_TM_NONE;
+                }
+                if (any) run_products(p, B, &B->kt[t], at.r, g0, rows32, pad32(at.nk));
+            }
+        }
+    }
+}
+
+FA_TM_HOT
+static void amx_bwd_item(const fa_problem *p, int64_t b, int64_t hk, float *ws) {
+    int64_t q0, sq, k0, sk;
+    fa_seq_bounds(p, b, &q0, &sq, &k0, &sk);
+    const int d = (int)p->d, dp = pad32(d);
+    const int64_t nr = item_rows(p), bq = p->cu_q ? 0 : b, bk = p->cu_k ? 0 : b;
+    bwd_bufs B;
+    bwd_layout(p, ws, &B);
+    pack_queries(p, &B, b, hk, q0, sq);
+    memset(B.dq, 0, (size_t)(p->group * nr) * dp * sizeof(float));
+    for (int64_t j0 = 0; j0 < sk; j0 += KG * BK) {
+        int nk[KG], n = 0;
+        for (; n < KG && j0 + n * BK < sk; n++) {
+            const int64_t jt = j0 + n * BK;
+            const kt_bufs *K = &B.kt[n];
+            nk[n] = sk - jt < BK ? (int)(sk - jt) : BK;
+            pack_keys(p, &B, K, bk, k0 + jt, nk[n], hk, dp);
+            memset(K->dkt, 0, (size_t)dp * BK * sizeof(float));
+            memset(K->dvt, 0, (size_t)dp * BK * sizeof(float));
+        }
+        if (sq > 0) key_group(p, &B, b, hk, sq, sk, j0, n, nk);
+        for (int t = 0; t < n; t++) {
+            const int64_t jt = k0 + j0 + t * BK;
+            store_keys(p, &B, B.kt[t].dkt, &p->dk, bk, jt, nk[t], hk, p->scale);
+            store_keys(p, &B, B.kt[t].dvt, &p->dv, bk, jt, nk[t], hk, 1.0f);
+        }
+    }
+    for (int64_t r = 0; r < p->group; r++)
+        for (int64_t i = 0; i < sq; i++)
+            fa_tm_store_row(fa_tm_row(&p->dq, 2, bq, q0 + i, hk * p->group + r), FA_DTYPE_BF16,
+                            B.dq + (size_t)(r * nr + i) * dp, d, p->scale);
+}
+
+/* ---- entry points ---- */
+
+int fa_cpu_amx_bwd_takes(const fa_problem *p, int threads) {
+    if (p->dtype != FA_DTYPE_BF16 || p->d > 256) return 0;
+    return threads <= 0 || fa_cpu_bwd_one_pass(p, threads, NULL, 0);
+}
+
+fa_cpu_tiles fa_cpu_amx_bwd_tiles(const fa_problem *p) {
+    (void)p;
+    fa_cpu_tiles t = {BQ, BK};
+    return t;
+}
+
+size_t fa_cpu_amx_bwd_ws(const fa_problem *p, int threads) {
+    bwd_bufs b;
+    if (threads < 1) threads = 1;
+    return FA_TM_WS_SLACK + (size_t)threads * bwd_layout(p, NULL, &b) * sizeof(float);
+}
+
+void fa_cpu_amx_bwd(const fa_problem *p, void *ws, int threads) {
+    if (threads < 1) threads = 1;
+    float *base = fa_tm_align(ws);
+    bwd_bufs unused;
+    const size_t per_thread = bwd_layout(p, NULL, &unused);
+    amx_config cfg;
+    amx_config_init(&cfg);
+    const int64_t items = p->batch * p->heads_kv;
+#pragma omp parallel num_threads(threads)
+    {
+        float *mine = base + per_thread * (size_t)fa_tm_tid();
+        /* the tile state is per thread: configure it in each one, release it after */
+        _tile_loadconfig(&cfg);
+#pragma omp for schedule(dynamic)
+        for (int64_t w = 0; w < items; w++) amx_bwd_item(p, w / p->heads_kv, w % p->heads_kv, mine);
+        _tile_release();
+    }
+}
