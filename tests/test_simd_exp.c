@@ -7,6 +7,12 @@
  * bound is 1 ulp of the correctly rounded result (subnormal results: 1 ulp = 2^-149) on the
  * levels with FMA, 1.5 ulp on the scalar level (its multiply-adds round twice); exact zeros
  * below the subnormal range and exact +inf above FLT_MAX, NaN for NaN.
+ *
+ * The softmax's cheaper exponential (fa_vexp_softmax, for exponents x <= 0: 2^(x log2 e), the
+ * product rounded once) is checked the same way over every 17th input from -150 to 0 and a few
+ * just above 0, against 1 ulp (1.5 scalar) plus 2|x| ulps: rounding t = x log2 e errs by up to
+ * 2^-23 |t|, a relative 2^-23 |x| in 2^t, which is 2|x| ulps where the result's mantissa is
+ * near 1; it matters only where e^x is small (see simd.h).
  */
 #include <float.h>
 #include <math.h>
@@ -91,15 +97,78 @@ static void check_level(fa_cpu_isa level) {
     free(y);
 }
 
+/* One chunk of exp_softmax inputs against the bound; returns the worst excess over |x|. */
+static double softmax_chunk(const fa_cpu_isa_ops *t, const float *x, float *y, size_t m,
+                            double base, float *worst_x) {
+    double worst = 0;
+    memcpy(y, x, m * sizeof *y);
+    t->exp_softmax(y, m);
+    for (size_t i = 0; i < m; i++) {
+        if (isnan(x[i])) {
+            if (!isnan(y[i])) fail_msg("%s: exp_softmax(NaN) = %a", t->name, y[i]);
+            continue;
+        }
+        const double e = ulps(y[i], x[i]), ax = 2 * fabs((double)x[i]);
+        if (!(e <= base + ax))
+            fail_msg("%s: exp_softmax(%a = %.9g) = %a, libm %a (%.3g ulp, bound %.3g)", t->name,
+                     x[i], x[i], y[i], (float)exp((double)x[i]), e, base + ax);
+        if (e - ax > worst) worst = e - ax, *worst_x = x[i]; /* what the 2|x| term leaves */
+    }
+    return worst;
+}
+
+static void check_softmax_level(fa_cpu_isa level) {
+    const fa_cpu_isa_ops *t = fa_cpu_isa_table(level);
+    if (!t || !fa_cpu_isa_supported(level) || !t->exp_softmax) {
+        printf("  level %d: not on this CPU/build, skipped\n", (int)level);
+        return;
+    }
+    const size_t chunk = 1 << 16;
+    float *x = malloc(chunk * sizeof *x), *y = malloc(chunk * sizeof *y);
+    assert_non_null(x);
+    assert_non_null(y);
+    const double base = level == FA_CPU_ISA_SCALAR ? 1.5 : 1.0;
+    double worst = 0, w;
+    float worst_x = 0, wx = 0;
+    size_t m = 0, checked = 0;
+    x[m++] = -INFINITY;
+    x[m++] = NAN;
+    x[m++] = -1e30f;
+    /* -0 .. -150 by bit pattern (sign bit set), then +0 .. 1e-3 */
+    const uint64_t neg_end = 0xC3160000u, pos_end = 0x3A83126Fu;
+    for (int part = 0; part < 2; part++) {
+        const uint64_t u0 = part ? 0 : 0x80000000u, u1 = part ? pos_end : neg_end;
+        for (uint64_t u = u0; u <= u1; u += 17) {
+            x[m++] = from_bits((uint32_t)u);
+            if (m < chunk) continue;
+            if ((w = softmax_chunk(t, x, y, m, base, &wx)) > worst) worst = w, worst_x = wx;
+            checked += m;
+            m = 0;
+        }
+    }
+    if ((w = softmax_chunk(t, x, y, m, base, &wx)) > worst) worst = w, worst_x = wx;
+    checked += m;
+    printf("  %s softmax: %zu inputs, worst %.3f ulp beyond 2|x| at %.9g\n", t->name, checked,
+           worst, worst_x);
+    free(x);
+    free(y);
+}
+
 static void exp_scalar(void **state) { (void)state; check_level(FA_CPU_ISA_SCALAR); }
 static void exp_avx2(void **state) { (void)state; check_level(FA_CPU_ISA_AVX2); }
 static void exp_avx512(void **state) { (void)state; check_level(FA_CPU_ISA_AVX512); }
+static void softmax_scalar(void **state) { (void)state; check_softmax_level(FA_CPU_ISA_SCALAR); }
+static void softmax_avx2(void **state) { (void)state; check_softmax_level(FA_CPU_ISA_AVX2); }
+static void softmax_avx512(void **state) { (void)state; check_softmax_level(FA_CPU_ISA_AVX512); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(exp_scalar),
         cmocka_unit_test(exp_avx2),
         cmocka_unit_test(exp_avx512),
+        cmocka_unit_test(softmax_scalar),
+        cmocka_unit_test(softmax_avx2),
+        cmocka_unit_test(softmax_avx512),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
