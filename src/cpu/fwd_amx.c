@@ -504,15 +504,6 @@ static void amx_item(const fa_problem *p, const amx_pack *pk, int64_t b, int64_t
 
 /* ---- entry points ---- */
 
-/* Longest query sequence: the tile count of the work grid. */
-static int64_t max_seqlen_q(const fa_problem *p) {
-    if (!p->cu_q) return p->seqlen_q;
-    int64_t mx = 0;
-    for (int64_t b = 0; b < p->batch; b++)
-        if (p->cu_q[b + 1] - p->cu_q[b] > mx) mx = p->cu_q[b + 1] - p->cu_q[b];
-    return mx;
-}
-
 /* Every bf16 forward: all masks, softcap, ALiBi, GQA, varlen, strides, head dims to 256. */
 static int amx_takes(const fa_problem *p) { return p->dtype == FA_DTYPE_BF16 && p->d <= 256; }
 
@@ -546,7 +537,7 @@ static void amx_fwd(const fa_problem *p, void *ws, int threads) {
 
     const int64_t nkb = pad32l(p->seqlen_k) / KS; /* 32-key blocks of the longest sequence */
     const int64_t packs = p->heads_kv * p->batch * nkb;
-    const int64_t ntq = (max_seqlen_q(p) + BQ - 1) / BQ;
+    const int64_t ntq = (p->seqlen_q + BQ - 1) / BQ; /* varlen: the longest sequence */
     const int64_t items = p->batch * p->heads_q * ntq;
 #pragma omp parallel num_threads(threads)
     {

@@ -154,14 +154,17 @@ FA_V_INLINE fa_vf fa_vexp_softmax(fa_vf x) {
 #endif
 }
 
-/* dst[i] = exp(mul * src[i] - sub) for i < n by fa_vexp_softmax (a softmax row, sub its max
-   or LSE), any n; returns the sum of the results. */
-FA_V_INLINE float fa_vexp_softmax_row(float *dst, const float *src, int n, float mul, float sub) {
+/* dst[i] = exp(mul * src[i] - sub) for i < n, any n (the tail through a padded vector), by
+   fa_vexp_softmax when softmax (a softmax row: sub is its max or LSE) or fa_vexp; returns the
+   sum of the results. softmax is a constant at each call site. */
+FA_V_INLINE float fa_vexp_row_by(float *dst, const float *src, int n, float mul, float sub,
+                                 int softmax) {
     fa_vf acc = {0};
     const fa_vf vs = fa_vset1(sub), vm = fa_vset1(mul);
     int i = 0;
     for (; i + FA_VW <= n; i += FA_VW) {
-        fa_vf e = fa_vexp_softmax(fa_vload(src + i) * vm - vs);
+        const fa_vf x = fa_vload(src + i) * vm - vs;
+        const fa_vf e = softmax ? fa_vexp_softmax(x) : fa_vexp(x);
         fa_vstore(dst + i, e);
         acc += e;
     }
@@ -170,7 +173,7 @@ FA_V_INLINE float fa_vexp_softmax_row(float *dst, const float *src, int n, float
     if (i < n) {
         float tmp[FA_VW];
         for (int l = 0; l < FA_VW; l++) tmp[l] = i + l < n ? mul * src[i + l] - sub : -INFINITY;
-        fa_vf e = fa_vexp_softmax(fa_vload(tmp));
+        const fa_vf e = softmax ? fa_vexp_softmax(fa_vload(tmp)) : fa_vexp(fa_vload(tmp));
         for (int l = 0; i + l < n; l++) {
             dst[i + l] = e[l];
             sum += e[l];
@@ -179,29 +182,12 @@ FA_V_INLINE float fa_vexp_softmax_row(float *dst, const float *src, int n, float
     return sum;
 }
 
-/* dst[i] = exp(mul * src[i] - sub) for i < n, any n (the tail through a padded vector);
-   returns the sum of the results. */
 FA_V_INLINE float fa_vexp_row(float *dst, const float *src, int n, float mul, float sub) {
-    fa_vf acc = {0};
-    const fa_vf vs = fa_vset1(sub), vm = fa_vset1(mul);
-    int i = 0;
-    for (; i + FA_VW <= n; i += FA_VW) {
-        fa_vf e = fa_vexp(fa_vload(src + i) * vm - vs);
-        fa_vstore(dst + i, e);
-        acc += e;
-    }
-    float sum = 0.0f;
-    for (int l = 0; l < FA_VW; l++) sum += acc[l];
-    if (i < n) {
-        float tmp[FA_VW];
-        for (int l = 0; l < FA_VW; l++) tmp[l] = i + l < n ? mul * src[i + l] - sub : -INFINITY;
-        fa_vf e = fa_vexp(fa_vload(tmp));
-        for (int l = 0; i + l < n; l++) {
-            dst[i + l] = e[l];
-            sum += e[l];
-        }
-    }
-    return sum;
+    return fa_vexp_row_by(dst, src, n, mul, sub, 0);
+}
+
+FA_V_INLINE float fa_vexp_softmax_row(float *dst, const float *src, int n, float mul, float sub) {
+    return fa_vexp_row_by(dst, src, n, mul, sub, 1);
 }
 
 #endif /* FA_CPU_SIMD_H */
