@@ -333,22 +333,6 @@ static void build_p_ds(const bwd_bufs *B, uint32_t *pp, uint32_t *dsp, const flo
 
 /* ---- one work item ---- */
 
-/* First row in [a, z) whose key range ends after `key` (by_lo 0) or starts at or after it
-   (by_lo 1); both ends of the ranges never decrease with the row, so bisect. */
-static int64_t first_row(const fa_problem *p, int64_t sq, int64_t sk, int64_t a, int64_t z,
-                         int64_t key, int by_lo) {
-    while (a < z) {
-        const int64_t i = a + (z - a) / 2;
-        int64_t lo, hi;
-        fa_row_keys(p, i, sq, sk, &lo, &hi);
-        if (by_lo ? lo >= key : hi > key)
-            z = i;
-        else
-            a = i + 1;
-    }
-    return a;
-}
-
 /* Where a tile pair runs: the query tile of head r of the group at row i0 against the key
    tile at j0; slot: its place in the run of query tiles that share a dV, dK product. */
 typedef struct pair_at {
@@ -419,8 +403,8 @@ static void store_keys(const fa_problem *p, const bwd_bufs *B, const float *acc,
    none of the keys, which the classification tells. */
 static void key_group(const fa_problem *p, const bwd_bufs *B, int64_t b, int64_t hk,
                       int64_t sq, int64_t sk, int64_t j0, int n, const int *nk) {
-    const int64_t ia = first_row(p, sq, sk, 0, sq, j0, 0);
-    const int64_t ib = first_row(p, sq, sk, ia, sq, j0 + (n - 1) * BK + nk[n - 1], 1);
+    const int64_t ia = fa_tm_first_row(p, sq, sk, 0, sq, j0, 0);
+    const int64_t ib = fa_tm_first_row(p, sq, sk, ia, sq, j0 + (n - 1) * BK + nk[n - 1], 1);
     fa_tm_qrows rows[QG];
     pair_at at;
     for (at.r = 0; at.r < p->group; at.r++) {

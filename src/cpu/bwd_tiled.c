@@ -167,22 +167,6 @@ static void rowdot_item(const fa_problem *p, int64_t b, int64_t h, int64_t i0, f
 
 /* ---- pass 1: dK, dV ---- */
 
-/* First row in [a, z) whose key range ends after `key` (by_lo 0) or starts at or after it
-   (by_lo 1). Both ends of a row's range never decrease with the row, so the test fails up
-   to some row and holds from there on: bisect. */
-static int64_t first_row(const fa_problem *p, int64_t sq, int64_t sk, int64_t a, int64_t z,
-                         int64_t key, int by_lo) {
-    while (a < z) {
-        int64_t i = a + (z - a) / 2, lo, hi;
-        fa_row_keys(p, i, sq, sk, &lo, &hi);
-        if (by_lo ? lo >= key : hi > key)
-            z = i;
-        else
-            a = i + 1;
-    }
-    return a;
-}
-
 /* Loads key tile [t0, t0 + nk) of kv head hk (K and V transposed; K by rows too when rows)
    into U, zeroes its gradient accumulators. */
 FA_TM_INLINE void kv_sub_init(const kv_sub *U, const fa_problem *p, int64_t bk, int64_t t0,
@@ -198,7 +182,8 @@ FA_TM_INLINE void kv_sub_init(const kv_sub *U, const fa_problem *p, int64_t bk, 
         fa_tm_load_col(U->vt + j, BK, fa_tm_row(&p->v, es, bk, t0 + j, hk), dt, d, 1.0f);
     }
     for (int x = 0; x < d; x++)
-        for (int j = nk; j < BK; j++) U->kt[(ptrdiff_t)x * BK + j] = U->vt[(ptrdiff_t)x * BK + j] = 0;
+        for (int j = nk; j < BK; j++)
+            U->kt[(ptrdiff_t)x * BK + j] = U->vt[(ptrdiff_t)x * BK + j] = 0;
     memset(U->dk, 0, (size_t)fa_tm_pad4(nk) * dp * sizeof(float));
     memset(U->dv, 0, (size_t)fa_tm_pad4(nk) * dp * sizeof(float));
     if (rows)
@@ -235,8 +220,8 @@ static void kv_item(const fa_problem *p, int64_t b, int64_t hk, int64_t g0, int 
     /* The rows that can see [ja, jb) are one run: from the first whose range ends after ja
        to the first whose range starts at or after jb. */
     const int64_t ja = g0 * BK, jb = (g0 + nsub - 1) * BK + nk[nsub - 1];
-    const int64_t ia = first_row(p, sq, sk, 0, sq, ja, 0);
-    const int64_t ib = first_row(p, sq, sk, ia, sq, jb, 1);
+    const int64_t ia = fa_tm_first_row(p, sq, sk, 0, sq, ja, 0);
+    const int64_t ib = fa_tm_first_row(p, sq, sk, ia, sq, jb, 1);
 
     fa_tm_qrows rows;
     fa_tm_rel rel;
@@ -259,15 +244,7 @@ static void kv_item(const fa_problem *p, int64_t b, int64_t hk, int64_t g0, int 
                 B.dd[i] = dh[i0 + i];
             }
             /* packed even where fp32 rows could be read in place, as in the forward */
-            for (int i = 0; i < nq; i++) {
-                const int64_t t = q0 + i0 + i;
-                fa_tm_load_row(B.qf + (ptrdiff_t)i * dp, fa_tm_row(&p->q, es, bq, t, h), dt, d, dp,
-                               1.0f);
-                fa_tm_load_row(B.dof + (ptrdiff_t)i * dp, fa_tm_row(&p->dout, es, bq, t, h), dt, d,
-                               dp, 1.0f);
-            }
-            memset(B.qf + (ptrdiff_t)nq * dp, 0, (size_t)(nq4 - nq) * dp * sizeof(float));
-            memset(B.dof + (ptrdiff_t)nq * dp, 0, (size_t)(nq4 - nq) * dp * sizeof(float));
+            fa_tm_pack_rows2(B.qf, B.dof, &p->q, &p->dout, dt, bq, q0 + i0, nq, h, d, dp);
             fa_tm_ahead ahead; /* next query tile, fetched during the first key tile's work */
             fa_tm_ahead_init(&ahead, &p->q, &p->dout, es, bq, q0 + i0 + BQ, ib - i0 - BQ, h, d);
             const fa_tm_ahead *next = &ahead;
@@ -374,37 +351,21 @@ static void q_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int gs
     q_layout(d, ws, &B);
 
     fa_tm_qrows rows[BWD_QSUB];
-    int nq[BWD_QSUB], nsub = 0;
-    int64_t ulo = INT64_MAX, uhi = INT64_MIN;
-    for (int s = 0; s < gsize; s++) {
+    int nq[BWD_QSUB];
+    int64_t ulo, uhi;
+    const int nsub = fa_tm_qrun_init(rows, nq, p, g0, gsize, sq, sk, &ulo, &uhi);
+    for (int s = 0; s < nsub; s++) {
         const int64_t i0 = (g0 + s) * BQ;
-        if (i0 >= sq) break;
-        nq[s] = sq - i0 < BQ ? (int)(sq - i0) : BQ;
-        fa_tm_qrows_init(&rows[s], p, i0, nq[s], sq, sk);
         q_sub_init(&B.sub[s], p, b, bq, q0 + i0, nq[s], h, dh + i0, dp);
-        if (rows[s].ulo < ulo) ulo = rows[s].ulo;
-        if (rows[s].uhi > uhi) uhi = rows[s].uhi;
-        nsub++;
     }
 
     fa_tm_rel rel;
     for (int64_t j0 = ulo; j0 < uhi; j0 += BK) {
         const int nk = uhi - j0 < BK ? (int)(uhi - j0) : BK, nk4 = fa_tm_pad4(nk);
-        int kind[BWD_QSUB], any = 0;
-        for (int s = 0; s < nsub; s++) {
-            kind[s] = fa_tm_classify(&rows[s], j0, j0 + nk);
-            any |= kind[s] != FA_TM_NONE;
-        }
-        if (!any) continue;
+        int kind[BWD_QSUB];
+        if (!fa_tm_classify_run(rows, nsub, j0, j0 + nk, kind)) continue;
         /* packed even where fp32 rows could be read in place, as in the forward */
-        for (int j = 0; j < nk; j++) {
-            fa_tm_load_row(B.kf + (ptrdiff_t)j * dp, fa_tm_row(&p->k, es, bk, k0 + j0 + j, hk),
-                           dt, d, dp, 1.0f);
-            fa_tm_load_row(B.vf + (ptrdiff_t)j * dp, fa_tm_row(&p->v, es, bk, k0 + j0 + j, hk),
-                           dt, d, dp, 1.0f);
-        }
-        memset(B.kf + (ptrdiff_t)nk * dp, 0, (size_t)(nk4 - nk) * dp * sizeof(float));
-        memset(B.vf + (ptrdiff_t)nk * dp, 0, (size_t)(nk4 - nk) * dp * sizeof(float));
+        fa_tm_pack_rows2(B.kf, B.vf, &p->k, &p->v, dt, bk, k0 + j0, nk, hk, d, dp);
         fa_tm_ahead ahead; /* next key tile, fetched during the first query tile's exponentials */
         fa_tm_ahead_init(&ahead, &p->k, &p->v, es, bk, k0 + j0 + BK, uhi - j0 - BK, hk, d);
         const fa_tm_ahead *next = &ahead;

@@ -193,37 +193,19 @@ static void fwd_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int 
     fwd_layout(d, ws, &B);
 
     fa_tm_qrows rows[FWD_QSUB];
-    int nq[FWD_QSUB], nsub = 0;
-    int64_t ulo = INT64_MAX, uhi = INT64_MIN;
-    for (int s = 0; s < gsize; s++) {
-        const int64_t i0 = (g0 + s) * BQ;
-        if (i0 >= sq) break;
-        nq[s] = sq - i0 < BQ ? (int)(sq - i0) : BQ;
-        fa_tm_qrows_init(&rows[s], p, i0, nq[s], sq, sk);
-        sub_init(&B.sub[s], p, bq, q0 + i0, nq[s], h, dp);
-        if (rows[s].ulo < ulo) ulo = rows[s].ulo;
-        if (rows[s].uhi > uhi) uhi = rows[s].uhi;
-        nsub++;
-    }
+    int nq[FWD_QSUB];
+    int64_t ulo, uhi;
+    const int nsub = fa_tm_qrun_init(rows, nq, p, g0, gsize, sq, sk, &ulo, &uhi);
+    for (int s = 0; s < nsub; s++) sub_init(&B.sub[s], p, bq, q0 + (g0 + s) * BQ, nq[s], h, dp);
 
     fa_tm_rel rel;
     for (int64_t j0 = ulo; j0 < uhi; j0 += BK) {
         const int nk = uhi - j0 < BK ? (int)(uhi - j0) : BK, nk4 = fa_tm_pad4(nk);
-        int kind[FWD_QSUB], any = 0;
-        for (int s = 0; s < nsub; s++) {
-            kind[s] = fa_tm_classify(&rows[s], j0, j0 + nk);
-            any |= kind[s] != FA_TM_NONE;
-        }
-        if (!any) continue;
+        int kind[FWD_QSUB];
+        if (!fa_tm_classify_run(rows, nsub, j0, j0 + nk, kind)) continue;
         /* Packed into contiguous rows even where fp32 rows could be read in place: the
            matmuls then run from L1, and the misses are taken here (measured: 3-6% faster). */
-        for (int j = 0; j < nk; j++) {
-            fa_tm_load_row(B.kf + (ptrdiff_t)j * dp, fa_tm_row(&p->k, es, bk, k0 + j0 + j, hk),
-                           dt, d, dp, 1.0f);
-            fa_tm_load_row(B.vf + (ptrdiff_t)j * dp, fa_tm_row(&p->v, es, bk, k0 + j0 + j, hk),
-                           dt, d, dp, 1.0f);
-        }
-        memset(B.kf + (ptrdiff_t)nk * dp, 0, (size_t)(nk4 - nk) * dp * sizeof(float));
+        fa_tm_pack_rows2(B.kf, B.vf, &p->k, &p->v, dt, bk, k0 + j0, nk, hk, d, dp);
         /* The next key tile's rows are fetched while this one's exponentials run, a share
            in each query tile's softmax: all of them in the first one stalled it on the
            core's miss buffers (measured: the copy above then cost 10% of the forward). */

@@ -391,6 +391,68 @@ FA_TM_INLINE int fa_tm_classify(const fa_tm_qrows *r, int64_t j0, int64_t j1) {
     return !any ? FA_TM_NONE : all ? FA_TM_FULL : FA_TM_PARTIAL;
 }
 
+/* The query tiles g0 .. g0 + gsize - 1 of a sequence of sq rows, those that exist: their rows
+   in rows[], row counts in nq[], the union of their key ranges in [*ulo, *uhi); returns how
+   many exist. */
+FA_TM_INLINE int fa_tm_qrun_init(fa_tm_qrows *rows, int *nq, const fa_problem *p, int64_t g0,
+                                 int gsize, int64_t sq, int64_t sk, int64_t *ulo, int64_t *uhi) {
+    int n = 0;
+    *ulo = INT64_MAX;
+    *uhi = INT64_MIN;
+    for (; n < gsize; n++) {
+        const int64_t i0 = (g0 + n) * FA_TM_BQ;
+        if (i0 >= sq) break;
+        nq[n] = sq - i0 < FA_TM_BQ ? (int)(sq - i0) : FA_TM_BQ;
+        fa_tm_qrows_init(&rows[n], p, i0, nq[n], sq, sk);
+        if (rows[n].ulo < *ulo) *ulo = rows[n].ulo;
+        if (rows[n].uhi > *uhi) *uhi = rows[n].uhi;
+    }
+    return n;
+}
+
+/* kind[s] of each of n query tiles against key tile [j0, j1); returns whether any sees it. */
+FA_TM_INLINE int fa_tm_classify_run(const fa_tm_qrows *rows, int n, int64_t j0, int64_t j1,
+                                    int *kind) {
+    int any = 0;
+    for (int s = 0; s < n; s++) {
+        kind[s] = fa_tm_classify(&rows[s], j0, j1);
+        any |= kind[s] != FA_TM_NONE;
+    }
+    return any;
+}
+
+/* First row in [a, z) whose key range ends after `key` (by_lo 0) or starts at or after it
+   (by_lo 1). Both ends of a row's range never decrease with the row, so the test fails up
+   to some row and holds from there on: bisect. */
+FA_TM_INLINE int64_t fa_tm_first_row(const fa_problem *p, int64_t sq, int64_t sk, int64_t a,
+                                     int64_t z, int64_t key, int by_lo) {
+    while (a < z) {
+        const int64_t i = a + (z - a) / 2;
+        int64_t lo, hi;
+        fa_row_keys(p, i, sq, sk, &lo, &hi);
+        if (by_lo ? lo >= key : hi > key)
+            z = i;
+        else
+            a = i + 1;
+    }
+    return a;
+}
+
+/* Rows t0 .. t0 + n - 1 of head h of operands oa and ob (K and V, or Q and dO) as fp32 rows of
+   dp floats at a and b, zero rows up to pad4(n): the packed tiles the matmuls read. */
+FA_TM_INLINE void fa_tm_pack_rows2(float *a, float *b, const fa_operand *oa, const fa_operand *ob,
+                                   fa_dtype dt, int64_t bi, int64_t t0, int n, int64_t h, int d,
+                                   int dp) {
+    const size_t es = fa_dtype_size(dt);
+    for (int j = 0; j < n; j++) {
+        fa_tm_load_row(a + (ptrdiff_t)j * dp, fa_tm_row(oa, es, bi, t0 + j, h), dt, d, dp, 1.0f);
+        fa_tm_load_row(b + (ptrdiff_t)j * dp, fa_tm_row(ob, es, bi, t0 + j, h), dt, d, dp, 1.0f);
+    }
+    const size_t pad = (size_t)(fa_tm_pad4(n) - n) * dp * sizeof(float);
+    memset(a + (ptrdiff_t)n * dp, 0, pad);
+    memset(b + (ptrdiff_t)n * dp, 0, pad);
+}
+
 /* The masks of a query tile seen from key tile j0: visible local keys [lo, hi) in 0..BK, and
    the ALiBi distance origin c(i) - j0 (as a float, so distances are exact below 2^24).
    Padding rows past r->n see nothing. */
