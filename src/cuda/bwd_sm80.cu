@@ -29,7 +29,12 @@
  * Workspace (each region 256-byte aligned, plus 256 bytes to align the base):
  *   dsum   f32 [heads_q][ws_rows]        D_i
  *   lse2   f32 [heads_q][ws_rows]        LSE_i * log2(e), +inf where LSE = -inf or padding
- *   dq_acc f32 [heads_q][ws_rows][D]     unscaled dQ (not in deterministic mode)
+ *   dq_acc f32 [heads_q][ws_rows][D]     unscaled dQ (not in deterministic mode), each 8 rows
+ *                                        x 8 columns block stored as 64 consecutive floats
+ *                                        (rows counted from each sequence's first): one
+ *                                        warp's red.v2 of an m16n8 C fragment half then adds
+ *                                        256 contiguous bytes, one L2 request per 128 bytes
+ *                                        instead of one per row
  *   dk_part, dv_part f32 [nsplit][heads_kv][kv_rows][D]  (only when nsplit > 1)
  * Rows: BSHD: b * round_up(seqlen_q, 128) + i; varlen: round_up4(cu_q[b]) + 132 b + i, so each
  * sequence owns whole 128-row tiles and row starts stay 16-byte aligned; ws_rows is sized from

@@ -46,7 +46,8 @@ struct BwdArgs {
     /* workspace (see bwd_sm80.cu) */
     float *dsum;    /* [heads_q][ws_rows]: D_i = rowsum(dO * O) */
     float *lse2;    /* [heads_q][ws_rows]: LSE * log2(e); +inf for rows without keys / padding */
-    float *dq_acc;  /* [heads_q][ws_rows][D] fp32 dQ (unscaled); NULL in deterministic mode */
+    float *dq_acc;  /* [heads_q][ws_rows][D] fp32 dQ (unscaled, 8x8-blocked); NULL in
+                       deterministic mode */
     float *dk_part; /* [nsplit][heads_kv][kv_rows][D] fp32 partial dK (scaled); NULL if nsplit 1 */
     float *dv_part;
     int64_t ws_rows, kv_rows;

@@ -3,7 +3,7 @@
  *   pre:      D_i = rowsum(dO_i * O_i) (fp32 from the 16-bit values), LSE_i * log2(e) (+inf
  *             for rows without keys and for the padding rows of the last tile), and zeroes
  *             of the fp32 dQ accumulator;
- *   post dQ:  accumulator * scale -> dq in its dtype and strides;
+ *   post dQ:  accumulator (8x8-blocked) * scale -> dq in its dtype and strides;
  *   post dKV: the GQA splits' fp32 partials of dK, dV summed in split order -> dk, dv.
  * Workspace layout: bwd_sm80.cu.
  */
@@ -63,8 +63,8 @@ __global__ void __launch_bounds__(kThreads)
         }
     }
 
-    if (zero_dq) {
-        const int n = min(kRowPad, s.sq - i0) * D / 4;
+    if (zero_dq) { /* the whole tile: the main kernel adds zeros into its padding rows */
+        const int n = kRowPad * D / 4;
         float4 *dst = (float4 *)(a.dq_acc + w * D);
         for (int k = tid; k < n; k += kThreads) dst[k] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
@@ -79,18 +79,22 @@ template <typename T> __device__ __forceinline__ uint4 pack8(const float (&x)[8]
     return o;
 }
 
-/* Block (kPostRows query rows, query head, sequence); a thread per 8-column chunk. */
+/* Block (kPostRows query rows, query head, sequence); a thread per 8-column chunk of a row,
+   read from the accumulator's 8x8 blocks (bwd_sm80.cu), the 8 rows of a block in
+   neighbouring lanes. */
 template <typename T>
 __global__ void __launch_bounds__(kThreads) bwd_post_dq_kernel(const __grid_constant__ BwdArgs a, int D) {
+    static_assert(kPostRows % 8 == 0, "whole 8-row blocks");
     const int i0 = blockIdx.x * kPostRows, h = blockIdx.y, b = blockIdx.z;
     const Seq s = seq_of(a, b);
     if (i0 >= s.sq) return;
     const int rows = min(kPostRows, s.sq - i0), nch = a.d / 8;
     const float *src = a.dq_acc + ((int64_t)h * a.ws_rows + ws_row0(a, b, s.q0) + i0) * D;
     T *dst = (T *)a.dq + s.bq * a.dq_sb + (int64_t)(s.q0 + i0) * a.dq_st + (int64_t)h * a.dq_sh;
-    for (int idx = threadIdx.x; idx < rows * nch; idx += kThreads) {
-        const int r = idx / nch, c = idx % nch;
-        const float4 *p = (const float4 *)(src + (int64_t)r * D + c * 8);
+    for (int idx = threadIdx.x; idx < kPostRows * nch; idx += kThreads) {
+        const int g = idx & 7, c = (idx >> 3) % nch, rb = (idx >> 3) / nch, r = rb * 8 + g;
+        if (r >= rows) continue;
+        const float4 *p = (const float4 *)(src + (int64_t)rb * 8 * D + c * 64 + g * 8);
         const float4 u = p[0], v = p[1];
         const float x[8] = {u.x * a.scale, u.y * a.scale, u.z * a.scale, u.w * a.scale,
                             v.x * a.scale, v.y * a.scale, v.z * a.scale, v.w * a.scale};

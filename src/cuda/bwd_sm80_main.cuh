@@ -3,12 +3,15 @@
  * query-head split, sequence) owns dK and dV of its BN keys in registers, and walks every
  * (query head of its split, query tile that can see the keys):
  *
- *   S = Q K^T, dP = dO V^T            (fp32 registers, warp grid SWM x SWN)
- *   P = exp2(S * scale * log2e - LSE * log2e), dS = P * (dP - D) [* (1 - tanh^2) with softcap]
+ *   S = Q K^T                         (fp32 registers, warp grid SWM x SWN)
+ *   P = exp2(S * scale * log2e - LSE * log2e), before dP = dO V^T so that the exponentials
+ *   overlap that product (with softcap both products come first: dS needs tanh of S)
+ *   dS = P * (dP - D) [* (1 - tanh^2) with softcap]
  *   P, dS -> shared memory (16-bit)   (the next products need them in other warp layouts)
  *   dV += P^T dO, dK += dS^T Q        (warp grid KWN x KWD, accumulators in registers)
- *   dQ(tile) += dS K                  (fp32 red.global.add into the workspace; skipped in
- *                                      deterministic mode, where bwd_sm80_dq.cuh computes dQ)
+ *   dQ(tile) += dS K                  (fp32 red.global.add into the workspace's 8x8-blocked
+ *                                      accumulator, no bounds tests; skipped in deterministic
+ *                                      mode, where bwd_sm80_dq.cuh computes dQ)
  *
  * Barriers per query tile: one after the loads land (also fences the previous tile's reads of
  * P/dS and of the buffer the next prefetch overwrites), one after P/dS are stored. With DB the
@@ -77,9 +80,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_main_kernel(const __grid_co
         load_rows<BN, LCH, LD_D, THREADS>(sK, kg, a.k_st, nk, a.d, tid);
         load_rows<BN, LCH, LD_D, THREADS>(sV, vg, a.v_st, nk, a.d, tid);
 
-        /* Q, dO, LSE2 and D of iteration `it` into buffer `buf`, as one cp.async group. */
-        auto load_q = [&](int it, int buf) {
-            const int h = h_begin + it / nmb, i0 = (m_first + it % nmb) * BM;
+        /* Q, dO, LSE2 and D of (query head h, tile rows i0..) into buffer `buf`, as one
+           cp.async group. */
+        auto load_q = [&](int h, int i0, int buf) {
             const T *qg = (const T *)a.q + s.bq * a.q_sb + (int64_t)(s.q0 + i0) * a.q_st +
                           (int64_t)h * a.q_sh;
             const T *dog = (const T *)a.dout + s.bq * a.do_sb + (int64_t)(s.q0 + i0) * a.do_st +
@@ -94,18 +97,26 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_main_kernel(const __grid_co
             load_floats(s0 + (uint32_t)(C::OFF_D + buf * BM * 4), a.dsum + w, BM, tid, BM / 4);
             cp_async_commit();
         };
-        load_q(0, 0); /* the group also holds K and V */
+        /* iteration `it` visits query head h, tile mb (loop-carried: no division per tile) */
+        int h = h_begin, mb = 0;
+        load_q(h, m_first * BM, 0); /* the group also holds K and V */
 
         const bool fancy = a.softcap > 0.f || a.alibi != nullptr;
+        /* This thread's slot in a query tile of the dQ accumulator, whose 8x8 blocks of 64
+           floats make each red.v2 of a C fragment tile one 256-byte run (bwd_sm80.cu). The
+           other fragment tiles sit at compile-time offsets from it. */
+        const int dq_slot = wm_q * C::QTM * D + wd_q * C::QTN * 8 + 2 * lane;
 
         for (int it = 0; it < niter; it++) {
             const int buf = C::DB ? (it & 1) : 0;
-            const int h = h_begin + it / nmb, i0 = (m_first + it % nmb) * BM;
+            const int i0 = (m_first + mb) * BM;
+            const bool last_mb = mb + 1 == nmb;
+            const int h_next = last_mb ? h + 1 : h, i0_next = last_mb ? m_first * BM : i0 + BM;
             cp_async_wait<0>();
             /* tile `it` visible to all; every warp is done with tile it-1 (P, dS, and the
                buffer the prefetch below overwrites) */
             __syncthreads();
-            if (C::DB && it + 1 < niter) load_q(it + 1, buf ^ 1);
+            if (C::DB && it + 1 < niter) load_q(h_next, i0_next, buf ^ 1);
 
             const uint32_t sQb = s0 + (uint32_t)(C::OFF_Q + buf * C::SZ_Q);
             const uint32_t sdOb = s0 + (uint32_t)(C::OFF_DO + buf * C::SZ_Q);
@@ -118,34 +129,43 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_main_kernel(const __grid_co
             for (int sl = 0; sl < C::SSPLIT; sl++) {
                 const int n0 = wn_s * C::STN + sl * C::S_NTS * 8; /* slice's first key */
 
-                /* S = Q K^T, dP = dO V^T */
+                /* P or dS (at byte offset OFF) to shared memory, [query][key] */
+                auto store = [&](const float (&x)[C::S_MT][C::S_NTS][4], size_t OFF) {
+#pragma unroll
+                    for (int mi = 0; mi < C::S_MT; mi++)
+#pragma unroll
+                        for (int hr = 0; hr < 2; hr++) {
+                            const int r = wm_s * C::STM + mi * 16 + g + hr * 8;
+#pragma unroll
+                            for (int ni = 0; ni < C::S_NTS; ni++)
+                                *(uint32_t *)(smem + OFF + elem_off<LD_N>(r, n0 + ni * 8 + 2 * t4)) =
+                                    pack2<T>(x[mi][ni][2 * hr], x[mi][ni][2 * hr + 1]);
+                        }
+                };
+
+                /* S = Q K^T, then dP = dO V^T */
                 float sc[C::S_MT][C::S_NTS][4], dp[C::S_MT][C::S_NTS][4];
                 zero(sc);
                 zero(dp);
                 warp_mma<T, C::S_MT, C::S_NTS, D / 16, LD_D, false, LD_D, false>(
                     sc, sQb, wm_s * C::STM, 0, sK, n0, 0, lane);
-                warp_mma<T, C::S_MT, C::S_NTS, D / 16, LD_D, false, LD_D, false>(
-                    dp, sdOb, wm_s * C::STM, 0, sV, n0, 0, lane);
-
-                /* P into sc, dS into dp; per-element masking only on tiles that cross an edge */
-                p_ds(sc, dp, a, rk, sL, sDd, wm_s * C::STM, i0, j0 + n0, s.sq, full && !fancy,
-                     slope, lane);
-
-                /* P and dS to shared memory, [query][key] */
-#pragma unroll
-                for (int mi = 0; mi < C::S_MT; mi++)
-#pragma unroll
-                    for (int hr = 0; hr < 2; hr++) {
-                        const int r = wm_s * C::STM + mi * 16 + g + hr * 8;
-#pragma unroll
-                        for (int ni = 0; ni < C::S_NTS; ni++) {
-                            const uint32_t off = elem_off<LD_N>(r, n0 + ni * 8 + 2 * t4);
-                            *(uint32_t *)(smem + C::OFF_P + off) =
-                                pack2<T>(sc[mi][ni][2 * hr], sc[mi][ni][2 * hr + 1]);
-                            *(uint32_t *)(smem + C::OFF_DS + off) =
-                                pack2<T>(dp[mi][ni][2 * hr], dp[mi][ni][2 * hr + 1]);
-                        }
-                    }
+                if (!(a.softcap > 0.f)) {
+                    /* P before the dP product, so that the exponentials overlap it */
+                    p_of(sc, a, rk, sL, wm_s * C::STM, i0, j0 + n0, s.sq, full && !fancy, slope,
+                         lane);
+                    store(sc, C::OFF_P);
+                    warp_mma<T, C::S_MT, C::S_NTS, D / 16, LD_D, false, LD_D, false>(
+                        dp, sdOb, wm_s * C::STM, 0, sV, n0, 0, lane);
+                    ds_of(sc, dp, sDd, wm_s * C::STM, lane);
+                } else {
+                    /* softcap: dS needs tanh of the raw score, so both products come first */
+                    warp_mma<T, C::S_MT, C::S_NTS, D / 16, LD_D, false, LD_D, false>(
+                        dp, sdOb, wm_s * C::STM, 0, sV, n0, 0, lane);
+                    p_ds(sc, dp, a, rk, sL, sDd, wm_s * C::STM, i0, j0 + n0, s.sq, false, slope,
+                         lane);
+                    store(sc, C::OFF_P);
+                }
+                store(dp, C::OFF_DS);
             }
             __syncthreads(); /* P, dS complete */
 
@@ -157,13 +177,14 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_main_kernel(const __grid_co
 
             if (!C::DB) {
                 __syncthreads(); /* every warp is done with the single Q/dO/LSE/D buffer */
-                if (it + 1 < niter) load_q(it + 1, 0);
+                if (it + 1 < niter) load_q(h_next, i0_next, 0);
             }
 
             if (DQ_ATOMIC) {
-                /* dQ(tile) += dS K, added to the fp32 accumulator; rows past the sequence and
-                   columns past d are all zero and skipped */
-                float *dqg = a.dq_acc + ((int64_t)h * a.ws_rows + wrow0 + i0) * D;
+                /* dQ(tile) += dS K, added to the fp32 accumulator. Rows past the sequence and
+                   columns past d add exact zeros (their Q, dO, K columns were zero-filled and
+                   their LSE is +inf) into the workspace's padding, so no lane tests bounds. */
+                float *dqt = a.dq_acc + ((int64_t)h * a.ws_rows + wrow0 + i0) * D + dq_slot;
 #pragma unroll
                 for (int pass = 0; pass < C::Q_NT / C::QPN; pass++) {
                     const int n0 = wd_q * C::QTN + pass * C::QPN * 8;
@@ -175,19 +196,15 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_main_kernel(const __grid_co
 #pragma unroll
                     for (int mi = 0; mi < C::Q_MT; mi++)
 #pragma unroll
-                        for (int hr = 0; hr < 2; hr++) {
-                            const int r = wm_q * C::QTM + mi * 16 + g + hr * 8;
-                            if (i0 + r >= s.sq) continue;
+                        for (int hr = 0; hr < 2; hr++)
 #pragma unroll
-                            for (int ni = 0; ni < C::QPN; ni++) {
-                                const int col = n0 + ni * 8 + 2 * t4;
-                                if (n0 + ni * 8 < a.d)
-                                    red_add2(dqg + (int64_t)r * D + col, acc[mi][ni][2 * hr],
-                                             acc[mi][ni][2 * hr + 1]);
-                            }
-                        }
+                            for (int ni = 0; ni < C::QPN; ni++)
+                                red_add2(dqt + (mi * 16 + hr * 8) * D + (pass * C::QPN + ni) * 64,
+                                         acc[mi][ni][2 * hr], acc[mi][ni][2 * hr + 1]);
                 }
             }
+            h = h_next;
+            mb = last_mb ? 0 : mb + 1;
         }
     }
 
