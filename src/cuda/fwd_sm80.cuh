@@ -147,6 +147,10 @@ __global__ void __launch_bounds__(C::THREADS)
         load_tile<BM, D, LD, C::THREADS>(sQ, (const char *)qg, a.q_st * 2, rows, a.d, tid);
         load_tile<BN, D, LD, C::THREADS>(k_buf(nb_last), (const char *)(kg + (int64_t)nb_last * BN * a.k_st),
                                          a.k_st * 2, sk - nb_last * BN, a.d, tid);
+        /* the first V tile with them: otherwise it is requested only once Q has landed, and
+           short sequences wait for it */
+        load_tile<BN, D, LD, C::THREADS>(sV, (const char *)(vg + (int64_t)nb_last * BN * a.v_st),
+                                         a.v_st * 2, sk - nb_last * BN, a.d, tid);
         cp_async_commit();
 
         /* ldmatrix lane addresses (bytes, relative to the tile) */
@@ -160,9 +164,10 @@ __global__ void __launch_bounds__(C::THREADS)
             /* K(nb) visible to all; every warp is done with V(nb+1) and K(nb+1), whose
                buffers the next two copies overwrite */
             __syncthreads();
-            load_tile<BN, D, LD, C::THREADS>(sV, (const char *)(vg + (int64_t)kcol0 * a.v_st),
-                                             a.v_st * 2, sk - kcol0, a.d, tid);
-            cp_async_commit();
+            if (nb != nb_last)
+                load_tile<BN, D, LD, C::THREADS>(sV, (const char *)(vg + (int64_t)kcol0 * a.v_st),
+                                                 a.v_st * 2, sk - kcol0, a.d, tid);
+            cp_async_commit(); /* possibly empty */
             const uint32_t sKn = k_buf(nb);
 
             /* S = Q K^T */
