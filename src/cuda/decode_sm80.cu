@@ -1,7 +1,7 @@
 /*
  * cuda/decode_sm80.cu — fa_fwd_kvcache on the GPU: the device check of seqlens / block_table,
- * the append of k_new / v_new into the cache, the split choice, the decode kernel
- * (decode_sm80.cuh) and, with several splits, the merge of their partial results.
+ * the append of k_new / v_new into the cache, the split choice and the decode kernel
+ * (decode_sm80.cuh), which also merges the splits' partial results.
  */
 #include <stdio.h>
 #include <string.h>
@@ -153,7 +153,8 @@ extern "C" size_t fa_sm80_kvcache_workspace(const fa_problem *p, const fa_cuda_l
     const Plan pl = plan_of(p, l->num_sms);
     if (pl.splits == 1) return 0;
     const size_t rows = (size_t)pl.splits * p->batch * p->seqlen_q * p->heads_q;
-    return rows * (size_t)p->d * 4 + rows * 4 + 256;
+    const size_t counters = (size_t)pl.row_blocks * p->heads_kv * p->batch;
+    return rows * (size_t)p->d * 4 + rows * 4 + counters * 4 + 256;
 }
 
 extern "C" fa_status fa_sm80_kvcache_check(const fa_problem *p, void *ws, void *stream, char *msg,
@@ -232,12 +233,15 @@ extern "C" fa_status fa_sm80_fwd_kvcache(const fa_problem *p, fa_cuda_launch *l,
     if (pl.splits > 1) {
         a.part_o = (float *)(((uintptr_t)l->ws + 255) & ~(uintptr_t)255);
         a.part_lse = a.part_o + part_rows * p->d;
+        a.counters = (int *)(a.part_lse + part_rows);
     }
     const cudaStream_t st = (cudaStream_t)l->stream;
     const bool bf = p->dtype == FA_DTYPE_BF16;
     cudaError_t e = cudaSuccess;
+    if (pl.splits > 1) /* the split blocks' arrival counts (decode_merge_last) */
+        e = cudaMemsetAsync(a.counters, 0, (size_t)pl.row_blocks * p->heads_kv * p->batch * 4, st);
 
-    if (p->k_new.data && p->seqlen_new > 0) {
+    if (e == cudaSuccess && p->k_new.data && p->seqlen_new > 0) {
         const int64_t n = p->batch * p->seqlen_new * p->heads_kv * (p->d / 8);
         const int blocks = (int)((n + 255) / 256);
         if (bf)
@@ -263,34 +267,5 @@ extern "C" fa_status fa_sm80_fwd_kvcache(const fa_problem *p, fa_cuda_launch *l,
         snprintf(l->msg, sizeof l->msg, "%s: %s", l->kernel, cudaGetErrorString(e));
         return FA_ERR_CUDA;
     }
-    if (pl.splits == 1) return FA_OK;
-
-    fa_cuda_merge_args m;
-    memset(&m, 0, sizeof m);
-    m.n = pl.splits;
-    m.batch = p->batch;
-    m.seqlen = p->seqlen_q;
-    m.heads = p->heads_q;
-    m.d = p->d;
-    m.o = p->o.data;
-    m.sb = p->o.sb, m.st = p->o.st, m.sh = p->o.sh;
-    m.lse = (float *)p->lse;
-    m.lse_sb = p->lse_sb, m.lse_sh = p->lse_sh, m.lse_st = p->lse_st;
-    const int64_t per = p->batch * p->seqlen_q * p->heads_q;
-    fa_cuda_merge_part *pt = &m.parts[0];
-    pt->o = a.part_o;
-    pt->sh = p->d;
-    pt->st = p->heads_q * p->d;
-    pt->sb = p->seqlen_q * p->heads_q * p->d;
-    pt->lse = a.part_lse;
-    pt->lse_st = 1;
-    pt->lse_sh = p->seqlen_q;
-    pt->lse_sb = p->heads_q * p->seqlen_q;
-    m.strided = 1;
-    m.o_step = per * p->d;
-    m.lse_step = per;
-    char msg[200];
-    fa_status s = fa_cuda_merge(&m, FA_DTYPE_F32, p->dtype, l->stream, msg, sizeof msg);
-    if (s != FA_OK) snprintf(l->msg, sizeof l->msg, "%s", msg);
-    return s;
+    return FA_OK;
 }

@@ -7,7 +7,9 @@
  *     ("packed rows", 16 per block), so each K/V byte is read once per kv head, not per
  *     query head;
  *   - split-KV: the keys of a sequence are cut into num_splits chunks computed by separate
- *     blocks, each writing an fp32 partial output and its LSE; merge_sm80.cu combines them;
+ *     blocks, each writing an fp32 partial output and its LSE; the last of a row block's
+ *     split blocks to finish (an atomic count) merges them with the LSE correction, so a
+ *     decode step is one kernel (a separate merge launch was a fifth of a batch-1 call);
  *   - inside a block the 4 warps take turns over key tiles of BNW keys (split-K across warps,
  *     unlike the prefill kernel): each warp streams its own tiles through its own
  *     STAGES-deep ring of shared memory with cp.async (no block barrier in the loop), keeps its own
@@ -46,8 +48,10 @@ struct DecodeArgs {
     int64_t o_sb, o_st, o_sh;
     float *lse;
     int64_t lse_sb, lse_sh, lse_st;
-    /* ... or fp32 partials [split][b][t][h][d] and their LSE [split][b][h][t] */
+    /* ... or fp32 partials [split][b][t][h][d] and their LSE [split][b][h][t], merged by the
+       split block that finishes last for its rows: counters [b][hk][row block], zero on entry */
     float *part_o, *part_lse;
+    int *counters;
 };
 
 template <int D_> struct DecodeCfg {
@@ -107,6 +111,62 @@ __device__ __forceinline__ void decode_load(const DecodeArgs &a, uint32_t sk, ui
         cp_async16(sv + so, vs, ok);
     }
     cp_async_commit();
+}
+
+/*
+ * Split-KV: called by every split block of (row block rb, kv head hk, sequence b) after it has
+ * written its partials. The block that finishes last (the count its thread 0 draws) merges the
+ * splits' partials of those rows: lse = log(sum_s exp(lse_s)), out = sum_s exp(lse_s - lse)
+ * out_s (as merge_sm80.cu), into o and lse. The fence before the count publishes this block's
+ * partials; the one after it orders the last block's reads after everybody's writes, and the
+ * reads bypass L1 (__ldcg).
+ */
+template <typename T, typename C>
+__device__ __forceinline__ void decode_merge_last(const DecodeArgs &a, int rb, int hk, int b,
+                                                  int row0, int tid) {
+    constexpr int D = C::D;
+    __shared__ int last;
+    __syncthreads(); /* every thread's partial stores issued */
+    if (tid == 0) {
+        __threadfence();
+        int *cnt = a.counters + ((int64_t)b * gridDim.y + hk) * (gridDim.x / a.num_splits) + rb;
+        last = atomicAdd(cnt, 1) == a.num_splits - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int64_t nb = gridDim.z;
+    for (int c = tid; c < 16 * (D / 8); c += C::THREADS) {
+        const int r = c / (D / 8), x = (c % (D / 8)) * 8, pr = row0 + r;
+        if (pr >= a.rows || x >= a.d) continue;
+        const int t = pr / a.group, h = hk * a.group + pr % a.group;
+        const int64_t row1 = ((int64_t)b * a.seqlen_q + t) * a.heads_q + h; /* in a split */
+        const int64_t lse1 = ((int64_t)b * a.heads_q + h) * a.seqlen_q + t;
+        const int64_t row_step = nb * a.seqlen_q * a.heads_q;
+        float M = -INFINITY;
+        for (int sp = 0; sp < a.num_splits; sp++) M = fmaxf(M, __ldcg(a.part_lse + sp * row_step + lse1));
+        const float Mu = M == -INFINITY ? 0.f : M;
+        float sum = 0.f, out[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        for (int sp = 0; sp < a.num_splits; sp++) {
+            const float w = __expf(__ldcg(a.part_lse + sp * row_step + lse1) - Mu);
+            const float4 *src = (const float4 *)(a.part_o + (sp * row_step + row1) * a.d + x);
+            const float4 u = __ldcg(src), v = __ldcg(src + 1);
+            sum += w;
+            out[0] += w * u.x, out[1] += w * u.y, out[2] += w * u.z, out[3] += w * u.w;
+            out[4] += w * v.x, out[5] += w * v.y, out[6] += w * v.z, out[7] += w * v.w;
+        }
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+        T *dst = (T *)a.o + (int64_t)b * a.o_sb + (int64_t)t * a.o_st + (int64_t)h * a.o_sh + x;
+        uint4 pk;
+        pk.x = pack2<T>(out[0] * inv, out[1] * inv);
+        pk.y = pack2<T>(out[2] * inv, out[3] * inv);
+        pk.z = pack2<T>(out[4] * inv, out[5] * inv);
+        pk.w = pack2<T>(out[6] * inv, out[7] * inv);
+        *(uint4 *)dst = pk;
+        if (a.lse && x == 0)
+            a.lse[(int64_t)b * a.lse_sb + (int64_t)h * a.lse_sh + (int64_t)t * a.lse_st] =
+                sum > 0.f ? Mu + logf(sum) : -INFINITY;
+    }
 }
 
 /* grid: (row blocks * num_splits, heads_kv, batch) */
@@ -333,6 +393,7 @@ __global__ void __launch_bounds__(C::THREADS) decode_sm80_kernel(const __grid_co
                 a.part_lse[(((int64_t)split * gridDim.z + b) * a.heads_q + h) * a.seqlen_q + t] = lse;
         }
     }
+    if (a.num_splits > 1) decode_merge_last<T, C>(a, rb, hk, b, row0, tid);
 }
 
 template <typename T, int D>
