@@ -29,6 +29,7 @@
 #include <cudaTypedefs.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -59,6 +60,7 @@ struct Args {
     int seqlen_q, seqlen_k, group;
     int causal; /* bottom-right: key j visible to query i iff j <= i + seqlen_k - seqlen_q */
     float scale_log2;
+    uint32_t v_lead, v_stride; /* V's descriptor offsets (see desc_sw128) */
 };
 
 template <typename T>
@@ -191,7 +193,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++)
-            Wgmma<T>::rs(o, pa[kk], desc_sw128(sV + kk * 16 * 128, KV_HALF, 1024), 1);
+            Wgmma<T>::rs(o, pa[kk], desc_sw128(sV + kk * 16 * 128, a.v_lead, a.v_stride), 1);
         wg_commit();
         wg_wait<0>();
         wg_pin(o);
@@ -306,6 +308,12 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.group = (int)p->group;
     a.causal = p->win_right == 0;
     a.scale_log2 = p->scale * 1.4426950408889634f;
+    a.v_lead = KV_HALF;
+    a.v_stride = 1024;
+    /* bring-up aid until the kernel has run on a GPU: the two offsets of the MN-major V
+       descriptor swapped (FLASHATTN_SM90_VDESC=swap) */
+    const char *vd = getenv("FLASHATTN_SM90_VDESC");
+    if (vd && strcmp(vd, "swap") == 0) a.v_lead = 1024, a.v_stride = KV_HALF;
 
     const int mblocks = (int)((p->seqlen_q + BM - 1) / BM);
     const cudaStream_t st = (cudaStream_t)l->stream;
