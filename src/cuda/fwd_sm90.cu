@@ -238,8 +238,10 @@ CUresult make_map(CUtensorMap *m, const fa_operand *op, fa_dtype dt, int64_t hea
                   int64_t tokens, int64_t batch, int rows) {
     const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)heads, (cuuint64_t)tokens,
                                 (cuuint64_t)batch};
-    const cuuint64_t strides[3] = {(cuuint64_t)op->sh * 2, (cuuint64_t)op->st * 2,
-                                   (cuuint64_t)op->sb * 2};
+    /* a dimension of length 1 is never stepped, and its stride may come as anything (0
+       included, which the encoder refuses): give it the packed one */
+    const int64_t sh = heads > 1 ? op->sh : D, sb = batch > 1 ? op->sb : op->st * tokens;
+    const cuuint64_t strides[3] = {(cuuint64_t)sh * 2, (cuuint64_t)op->st * 2, (cuuint64_t)sb * 2};
     const cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1}, estr[4] = {1, 1, 1, 1};
     return encode_fn()(m, dt == FA_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
                        4, op->data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
