@@ -9,7 +9,7 @@
  *   1, 4, 8 and MQA; no mask, causal, two-sided, left-only, right-only and diagonal-only
  *   windows; softcap; ALiBi per head and per batch row; varlen with empty query and empty key
  *   sequences; non-contiguous strides; f32, f16, bf16; a few non-default scales (peaked
- *   softmax stresses the online rescaling).
+ *   softmax stresses the online rescaling); and a few shapes the sm90 forward takes.
  * The references materialise sq x sk scores in scalar double code, so 1023 x 1023 appears
  * only twice and d 256 only with short sequences: the whole C suite must stay within about
  * two minutes on two cores, also under ASan + UBSan.
@@ -71,6 +71,11 @@ static const tk_case fwd_cases[] = {
      .causal = 1},
     {SHAPE("sliding-causal", 1, 113, 113, 4, 1, 128, F32), .causal = 1, WIN(20, -1),
      .strided = 1},
+    /* shapes the sm90 forward takes (d 128, 16-bit, no window/softcap/ALiBi/varlen), with
+       partial query blocks (128 rows) and key tiles (128 keys) */
+    {SHAPE("d128-gqa-tiles", 2, 200, 300, 4, 2, 128, BF16)},
+    {SHAPE("d128-causal-sq<sk", 1, 130, 257, 2, 1, 128, F16), .causal = 1, .strided = 1},
+    {SHAPE("d128-causal-sq>sk", 2, 257, 100, 2, 2, 128, BF16), .causal = 1},
 };
 
 static const tk_case bwd_cases[] = {
