@@ -71,11 +71,13 @@ static const tk_case fwd_cases[] = {
      .causal = 1},
     {SHAPE("sliding-causal", 1, 113, 113, 4, 1, 128, F32), .causal = 1, WIN(20, -1),
      .strided = 1},
-    /* shapes the sm90 forward takes (d 128, 16-bit, no window/softcap/ALiBi/varlen), with
-       partial query blocks (128 rows) and key tiles (128 keys) */
+    /* shapes the sm90 forward takes (d 64/128/256, 16-bit, no window/softcap/ALiBi/varlen),
+       with partial query blocks (128 rows) and key tiles (64 or 128 keys) */
     {SHAPE("d128-gqa-tiles", 2, 200, 300, 4, 2, 128, BF16)},
     {SHAPE("d128-causal-sq<sk", 1, 130, 257, 2, 1, 128, F16), .causal = 1, .strided = 1},
     {SHAPE("d128-causal-sq>sk", 2, 257, 100, 2, 2, 128, BF16), .causal = 1},
+    {SHAPE("d64-causal-tiles", 2, 150, 333, 4, 4, 64, F16), .causal = 1},
+    {SHAPE("d256-gqa-tiles", 1, 129, 130, 2, 1, 256, BF16)},
 };
 
 static const tk_case bwd_cases[] = {

@@ -386,9 +386,11 @@ static const char *const k_dts[] = {"f16", "bf16", "f32"};
 #define N_DIMS ((int)(sizeof k_dims / sizeof k_dims[0]))
 #define N_OPS ((int)(sizeof k_ops / sizeof k_ops[0]))
 #define N_ATTN (N_OPS * N_DIMS * 2)
-static char g_names[N_ATTN + 5][40];
+static const int k_sm90_dims[] = {64, 128, 256};
+#define N_SM90 ((int)(sizeof k_sm90_dims / sizeof k_sm90_dims[0]) * 2)
+static char g_names[N_ATTN + 3 + N_SM90][40];
 
-int fa_cuda_kernel_count(void) { return N_ATTN + 5; }
+int fa_cuda_kernel_count(void) { return N_ATTN + 3 + N_SM90; }
 
 const char *fa_cuda_kernel_name(int i) {
     if (i < 0 || i >= fa_cuda_kernel_count()) return NULL;
@@ -399,7 +401,8 @@ const char *fa_cuda_kernel_name(int i) {
         else if (i < N_ATTN + 3)
             snprintf(g_names[i], sizeof g_names[i], "sm80_merge_attn_%s", k_dts[i - N_ATTN]);
         else
-            snprintf(g_names[i], sizeof g_names[i], "sm90_fwd_d128_%s", k_dts[i - N_ATTN - 3]);
+            snprintf(g_names[i], sizeof g_names[i], "sm90_fwd_d%d_%s",
+                     k_sm90_dims[(i - N_ATTN - 3) / 2], k_dts[(i - N_ATTN - 3) % 2]);
     }
     return g_names[i];
 }

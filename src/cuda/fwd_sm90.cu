@@ -14,22 +14,23 @@
  *       O += P V       wgmma with A from registers, B = V from shared memory (MN-major)
  *     then release the slot (256 arrivals on `empty`).
  *
- * This first version serves head dim 128, fp16/bf16, BSHD, causal or not (bottom-right), GQA;
- * fa_sm90_fwd refuses everything else with a reason, and the dispatcher then runs the sm80
- * kernel and records why. Not yet: the ping-pong schedule between the consumers and the
- * overlap of one tile's softmax with the next tile's S product (issue 7).
+ * This first version serves head dims 64, 128 and 256, fp16/bf16, BSHD, causal or not
+ * (bottom-right), GQA; fa_sm90_fwd refuses everything else with a reason, and the dispatcher
+ * then runs the sm80 kernel and records why. Not yet: the ping-pong schedule between the
+ * consumers and the overlap of one tile's softmax with the next tile's S product (issue 7).
  *
- * Shared memory (1024-byte aligned pieces; a 128-byte-swizzled tile of 64 columns is rows of
- * 128 bytes, so a 128-column tile is two such halves):
- *   Q   [consumer][half][64 rows][128 B]           32 KB
- *   K   [stage][half][128 keys][128 B]             32 KB per stage
- *   V   [stage][half][128 keys][128 B]             32 KB per stage
+ * Shared memory (1024-byte aligned pieces): a 128-byte-swizzled tile is rows of 128 bytes = 64
+ * columns, so a tile of D columns is D / 64 "panels" of 64 columns:
+ *   Q   [consumer][panel][64 rows][128 B]          D / 64 x 8 KB per consumer
+ *   K   [stage][panel][BN keys][128 B]             D / 64 x BN x 128 B per stage
+ *   V   [stage][panel][BN keys][128 B]             same
  *   mbarriers: q, full[STAGES], empty[STAGES]
+ * Tiles per head dim (Cfg): d 64: 128 keys, 3 stages (112 KB); d 128: 128 keys, 2 stages
+ * (160 KB); d 256: 64 keys, 2 stages (192 KB).
  */
 #include <cudaTypedefs.h>
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -43,14 +44,21 @@
 namespace fa {
 namespace sm90 {
 
-constexpr int D = 128, BM = 128, BN = 128, STAGES = 2, THREADS = 384;
-constexpr uint32_t Q_HALF = 64 * 128, Q_WG = 2 * Q_HALF;    /* bytes */
-constexpr uint32_t KV_HALF = BN * 128, KV_TILE = 2 * KV_HALF;
-constexpr uint32_t OFF_Q = 0, OFF_K = 2 * Q_WG, OFF_V = OFF_K + STAGES * KV_TILE;
-constexpr uint32_t OFF_BAR = OFF_V + STAGES * KV_TILE;
-constexpr size_t SMEM = OFF_BAR + 8 * (1 + 2 * STAGES) + 1024; /* + aligning the base */
-static_assert(OFF_K % 1024 == 0 && OFF_V % 1024 == 0 && KV_HALF % 1024 == 0 && OFF_Q == 0,
-              "swizzled tiles start on 1024-byte boundaries");
+constexpr int BM = 128, THREADS = 384; /* 64 query rows per consumer warpgroup */
+
+template <int D_, int BN_, int STAGES_> struct Cfg {
+    static constexpr int D = D_, BN = BN_, STAGES = STAGES_, PANELS = D / 64;
+    static constexpr uint32_t Q_PANEL = 64 * 128, Q_WG = PANELS * Q_PANEL; /* bytes */
+    static constexpr uint32_t KV_PANEL = BN * 128, KV_TILE = PANELS * KV_PANEL;
+    static constexpr uint32_t OFF_K = 2 * Q_WG, OFF_V = OFF_K + STAGES * KV_TILE;
+    static constexpr uint32_t OFF_BAR = OFF_V + STAGES * KV_TILE;
+    static constexpr size_t SMEM = OFF_BAR + 8 * (1 + 2 * STAGES) + 1024; /* + aligning */
+    static_assert(D % 64 == 0 && BN % 64 == 0 && KV_PANEL % 1024 == 0, "1024-byte tiles");
+};
+template <int D> struct Tiles;
+template <> struct Tiles<64> { using C = Cfg<64, 128, 3>; };
+template <> struct Tiles<128> { using C = Cfg<128, 128, 2>; };
+template <> struct Tiles<256> { using C = Cfg<256, 64, 2>; };
 
 struct Args {
     CUtensorMap tq, tk, tv; /* (d, head, token, batch); boxes (64, 1, 64 or 128, 1) */
@@ -60,15 +68,17 @@ struct Args {
     int seqlen_q, seqlen_k, group;
     int causal; /* bottom-right: key j visible to query i iff j <= i + seqlen_k - seqlen_q */
     float scale_log2;
-    uint32_t v_lead, v_stride; /* V's descriptor offsets (see desc_sw128) */
 };
 
-template <typename T>
+template <typename T, typename C>
 __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_constant__ Args a) {
 #ifdef FA_SM90A_DEVICE
+    constexpr int D = C::D, BN = C::BN, STAGES = C::STAGES, PANELS = C::PANELS;
+    constexpr uint32_t Q_PANEL = C::Q_PANEL, Q_WG = C::Q_WG, KV_PANEL = C::KV_PANEL;
+    constexpr uint32_t KV_TILE = C::KV_TILE, OFF_K = C::OFF_K, OFF_V = C::OFF_V;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
-    const uint32_t bar_q = base + OFF_BAR, bar_full = bar_q + 8, bar_empty = bar_full + 8 * STAGES;
+    const uint32_t bar_q = base + C::OFF_BAR, bar_full = bar_q + 8, bar_empty = bar_full + 8 * STAGES;
     const int tid = threadIdx.x, wg = tid / 128;
     const int m_block = gridDim.x - 1 - blockIdx.x; /* longest causal rows first */
     const int h = blockIdx.y, b = blockIdx.z, hk = h / a.group;
@@ -93,8 +103,8 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
         if (tid == 0) {
             mbar_expect_tx(bar_q, 2 * Q_WG);
             for (int c = 0; c < 2; c++)
-                for (int x = 0; x < 2; x++)
-                    tma_load4(base + OFF_Q + c * Q_WG + x * Q_HALF, &a.tq, bar_q, x * 64, h,
+                for (int x = 0; x < PANELS; x++)
+                    tma_load4(base + c * Q_WG + x * Q_PANEL, &a.tq, bar_q, x * 64, h,
                               row0 + 64 * c, b);
             /* tiles from the last (the diagonal one under a causal mask) to the first */
             for (int it = 0; it < ntiles; it++) {
@@ -102,10 +112,10 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
                 const uint32_t ph = (uint32_t)(it / STAGES) & 1u;
                 mbar_wait(bar_empty + 8 * s, ph ^ 1u); /* a fresh barrier passes parity 1 */
                 mbar_expect_tx(bar_full + 8 * s, 2 * KV_TILE);
-                for (int x = 0; x < 2; x++) {
-                    tma_load4(base + OFF_K + s * KV_TILE + x * KV_HALF, &a.tk, bar_full + 8 * s,
+                for (int x = 0; x < PANELS; x++) {
+                    tma_load4(base + OFF_K + s * KV_TILE + x * KV_PANEL, &a.tk, bar_full + 8 * s,
                               x * 64, hk, n * BN, b);
-                    tma_load4(base + OFF_V + s * KV_TILE + x * KV_HALF, &a.tv, bar_full + 8 * s,
+                    tma_load4(base + OFF_V + s * KV_TILE + x * KV_PANEL, &a.tv, bar_full + 8 * s,
                               x * 64, hk, n * BN, b);
                 }
             }
@@ -118,11 +128,14 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
     const int c = wg - 1, wtid = tid - 128 * wg, warp = wtid / 32, lane = wtid % 32;
     const int g = lane / 4, t4 = lane % 4;
     const int r_lo = row0 + 64 * c + 16 * warp + g; /* this thread's rows: r_lo, r_lo + 8 */
-    const uint32_t sQ = base + OFF_Q + c * Q_WG;
+    const uint32_t sQ = base + c * Q_WG;
 
-    float o[64];
+    /* accumulators in the m16n8 C layout of each warp's 16 rows: n8 tile j holds
+       (row g, columns 8j + 2t4 + 0/1) in [4j], [4j+1] and (row g + 8, ...) in [4j+2], [4j+3] */
+    constexpr int NS = BN / 8, NO = D / 8; /* n8 tiles of S and of O */
+    float o[D / 2];
 #pragma unroll
-    for (int i = 0; i < 64; i++) o[i] = 0.f;
+    for (int i = 0; i < D / 2; i++) o[i] = 0.f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
     mbar_wait(bar_q, 0);
@@ -131,18 +144,18 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
         mbar_wait(bar_full + 8 * s, (uint32_t)(it / STAGES) & 1u);
         const uint32_t sK = base + OFF_K + s * KV_TILE, sV = base + OFF_V + s * KV_TILE;
 
-        /* S = Q K^T: k-step kk reads 32 bytes into the 128-byte rows of half kk / 4 */
-        float sc[64];
+        /* S = Q K^T: k-step kk reads 32 bytes into the 128-byte rows of panel kk / 4 */
+        float sc[BN / 2];
 #pragma unroll
-        for (int i = 0; i < 64; i++) sc[i] = 0.f;
+        for (int i = 0; i < BN / 2; i++) sc[i] = 0.f;
         wg_pin(sc);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
             const uint32_t off = (kk % 4) * 32u;
-            const uint64_t da = desc_sw128(sQ + (kk / 4) * Q_HALF + off, 16, 1024);
-            const uint64_t db = desc_sw128(sK + (kk / 4) * KV_HALF + off, 16, 1024);
-            Wgmma<T>::ss(sc, da, db, 1);
+            const uint64_t da = desc_sw128(sQ + (kk / 4) * Q_PANEL + off, 16, 1024);
+            const uint64_t db = desc_sw128(sK + (kk / 4) * KV_PANEL + off, 16, 1024);
+            Wgmma<T, BN>::ss(sc, da, db, 1);
         }
         wg_commit();
         wg_wait<0>();
@@ -152,7 +165,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
         const bool edge = kcol0 + BN > sk || (a.causal && kcol0 + BN - 1 > row0 + diag);
         if (edge) {
 #pragma unroll
-            for (int j = 0; j < 16; j++)
+            for (int j = 0; j < NS; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int col = kcol0 + 8 * j + 2 * t4 + (e & 1), row = r_lo + 8 * (e >> 1);
@@ -161,12 +174,12 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
         }
 
         /* online softmax; P leaves as A fragments: k-step kk covers n8 tiles 2kk, 2kk+1 */
-        uint32_t pa[8][4];
+        uint32_t pa[BN / 16][4];
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
             float mx = -INFINITY;
 #pragma unroll
-            for (int j = 0; j < 16; j++) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]));
+            for (int j = 0; j < NS; j++) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]));
             mx = quad_max(mx) * a.scale_log2;
             const float m_new = fmaxf(m[hr], mx);
             const float m_use = m_new == -INFINITY ? 0.f : m_new;
@@ -174,7 +187,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             m[hr] = m_new;
             float sum = 0.f;
 #pragma unroll
-            for (int j = 0; j < 16; j++) {
+            for (int j = 0; j < NS; j++) {
                 const float p0 = fast_exp2(fmaf(sc[4 * j + 2 * hr], a.scale_log2, -m_use));
                 const float p1 = fast_exp2(fmaf(sc[4 * j + 2 * hr + 1], a.scale_log2, -m_use));
                 sum += p0 + p1;
@@ -182,18 +195,19 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             }
             l[hr] = l[hr] * alpha + sum;
 #pragma unroll
-            for (int j = 0; j < 16; j++) {
+            for (int j = 0; j < NO; j++) {
                 o[4 * j + 2 * hr] *= alpha;
                 o[4 * j + 2 * hr + 1] *= alpha;
             }
         }
 
-        /* O += P V: k-step kk is keys 16kk.. = rows 16kk.. of both V halves (16 KB apart) */
+        /* O += P V: k-step kk is keys 16kk.. = rows 16kk.. of every V panel (leading offset:
+           the panels, KV_PANEL apart; stride: the next 8 keys) */
         wg_pin(o);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++)
-            Wgmma<T>::rs(o, pa[kk], desc_sw128(sV + kk * 16 * 128, a.v_lead, a.v_stride), 1);
+            Wgmma<T, D>::rs(o, pa[kk], desc_sw128(sV + kk * 16 * 128, KV_PANEL, 1024), 1);
         wg_commit();
         wg_wait<0>();
         wg_pin(o);
@@ -209,7 +223,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
         if (row >= sq) continue;
         T *orow = (T *)a.o + (int64_t)b * a.o_sb + (int64_t)row * a.o_st + (int64_t)h * a.o_sh;
 #pragma unroll
-        for (int j = 0; j < 16; j++)
+        for (int j = 0; j < NO; j++)
             *(uint32_t *)(orow + 8 * j + 2 * t4) =
                 pack2<T>(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
         if (a.lse && t4 == 0)
@@ -234,13 +248,13 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 }
 
 /* The 4-D map (d, head, token, batch) of a BSHD operand, boxes of 64 columns x `rows`. */
-CUresult make_map(CUtensorMap *m, const fa_operand *op, fa_dtype dt, int64_t heads,
+CUresult make_map(CUtensorMap *m, const fa_operand *op, fa_dtype dt, int64_t d, int64_t heads,
                   int64_t tokens, int64_t batch, int rows) {
-    const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)heads, (cuuint64_t)tokens,
+    const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)heads, (cuuint64_t)tokens,
                                 (cuuint64_t)batch};
     /* a dimension of length 1 is never stepped, and its stride may come as anything (0
        included, which the encoder refuses): give it the packed one */
-    const int64_t sh = heads > 1 ? op->sh : D, sb = batch > 1 ? op->sb : op->st * tokens;
+    const int64_t sh = heads > 1 ? op->sh : d, sb = batch > 1 ? op->sb : op->st * tokens;
     const cuuint64_t strides[3] = {(cuuint64_t)sh * 2, (cuuint64_t)op->st * 2, (cuuint64_t)sb * 2};
     const cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1}, estr[4] = {1, 1, 1, 1};
     return encode_fn()(m, dt == FA_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
@@ -249,34 +263,60 @@ CUresult make_map(CUtensorMap *m, const fa_operand *op, fa_dtype dt, int64_t hea
                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
+/* The kernel dimension for p's head dim, 0 for none. */
+int kernel_dim(int64_t d) { return d == 64 || d == 128 || d == 256 ? (int)d : 0; }
+
+template <typename C> size_t smem_of() { return C::SMEM; }
+size_t smem_for(int D) {
+    return D == 64 ? smem_of<Tiles<64>::C>() : D == 128 ? smem_of<Tiles<128>::C>()
+                                                         : smem_of<Tiles<256>::C>();
+}
+int bn_for(int D) { return D == 64 ? Tiles<64>::C::BN : D == 128 ? Tiles<128>::C::BN : Tiles<256>::C::BN; }
+
+/* Whether this build holds sm_90a code for the kernel (a build without it has only the empty
+   body of the other targets' pass). */
+template <typename C> bool has_sm90a() {
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, fwd_sm90_kernel<__half, C>) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return fa.binaryVersion == 90;
+}
+
 /* Why this kernel cannot take p (NULL: it can). */
 const char *refusal(const fa_problem *p, const fa_cuda_launch *l) {
     if (l->cc != 90) return "not an sm_90 GPU";
-    if (p->d != 128) return "head dim other than 128 (not yet)";
+    const int D = kernel_dim(p->d);
+    if (!D) return "head dims other than 64, 128, 256 (not yet)";
     if (p->cu_q) return "varlen (not yet)";
     if (p->softcap > 0.f || p->alibi) return "softcap or ALiBi (not yet)";
     if (p->win_left >= 0 || p->win_right > 0) return "a sliding window (not yet)";
     if (p->batch > 1 && (p->q.sb == 0 || p->k.sb == 0 || p->v.sb == 0))
         return "a batch stride of 0";
-    if (SMEM > l->smem_optin) return "shared memory";
-    /* a build without sm_90a code has only the empty sm_80 body of the kernel */
-    cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, fwd_sm90_kernel<__half>) != cudaSuccess || fa.binaryVersion != 90) {
-        cudaGetLastError();
-        return "this build (no sm_90a code)";
-    }
+    if (smem_for(D) > l->smem_optin) return "shared memory";
+    if (!has_sm90a<Tiles<128>::C>()) return "this build (no sm_90a code)";
     if (!encode_fn()) return "no cuTensorMapEncodeTiled in this driver";
     return NULL;
 }
 
-template <typename T> cudaError_t launch(const Args &a, int mblocks, int heads, int batch,
-                                         cudaStream_t st) {
-    auto kern = fwd_sm90_kernel<T>;
+template <typename T, typename C>
+cudaError_t launch(const Args &a, int mblocks, int heads, int batch, cudaStream_t st) {
+    auto kern = fwd_sm90_kernel<T, C>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)SMEM);
+                                         (int)C::SMEM);
     if (e != cudaSuccess) return e;
-    kern<<<dim3(mblocks, heads, batch), THREADS, SMEM, st>>>(a);
+    kern<<<dim3(mblocks, heads, batch), THREADS, C::SMEM, st>>>(a);
     return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_dim(int D, const Args &a, int mblocks, int heads, int batch, cudaStream_t st) {
+    switch (D) {
+    case 64: return launch<T, Tiles<64>::C>(a, mblocks, heads, batch, st);
+    case 128: return launch<T, Tiles<128>::C>(a, mblocks, heads, batch, st);
+    default: return launch<T, Tiles<256>::C>(a, mblocks, heads, batch, st);
+    }
 }
 
 } // namespace sm90
@@ -289,13 +329,14 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
         snprintf(l->msg, sizeof l->msg, "the sm90 forward does not take %s", why);
         return FA_ERR_UNSUPPORTED;
     }
+    const int D = kernel_dim(p->d), BN = bn_for(D);
     Args a;
     memset(&a, 0, sizeof a);
-    CUresult r = make_map(&a.tq, &p->q, p->dtype, p->heads_q, p->seqlen_q, p->batch, 64);
+    CUresult r = make_map(&a.tq, &p->q, p->dtype, D, p->heads_q, p->seqlen_q, p->batch, 64);
     if (r == CUDA_SUCCESS)
-        r = make_map(&a.tk, &p->k, p->dtype, p->heads_kv, p->seqlen_k, p->batch, BN);
+        r = make_map(&a.tk, &p->k, p->dtype, D, p->heads_kv, p->seqlen_k, p->batch, BN);
     if (r == CUDA_SUCCESS)
-        r = make_map(&a.tv, &p->v, p->dtype, p->heads_kv, p->seqlen_k, p->batch, BN);
+        r = make_map(&a.tv, &p->v, p->dtype, D, p->heads_kv, p->seqlen_k, p->batch, BN);
     if (r != CUDA_SUCCESS) {
         snprintf(l->msg, sizeof l->msg,
                  "the sm90 forward does not take these strides (tensor map error %d)", (int)r);
@@ -310,21 +351,15 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.group = (int)p->group;
     a.causal = p->win_right == 0;
     a.scale_log2 = p->scale * 1.4426950408889634f;
-    a.v_lead = KV_HALF;
-    a.v_stride = 1024;
-    /* bring-up aid until the kernel has run on a GPU: the two offsets of the MN-major V
-       descriptor swapped (FLASHATTN_SM90_VDESC=swap) */
-    const char *vd = getenv("FLASHATTN_SM90_VDESC");
-    if (vd && strcmp(vd, "swap") == 0) a.v_lead = 1024, a.v_stride = KV_HALF;
 
     const int mblocks = (int)((p->seqlen_q + BM - 1) / BM);
     const cudaStream_t st = (cudaStream_t)l->stream;
     cudaError_t e = cudaSuccess;
     if (mblocks > 0)
         e = p->dtype == FA_DTYPE_BF16
-                ? launch<__nv_bfloat16>(a, mblocks, (int)p->heads_q, (int)p->batch, st)
-                : launch<__half>(a, mblocks, (int)p->heads_q, (int)p->batch, st);
-    snprintf(l->kernel, sizeof l->kernel, "sm90_fwd_d128_%s%s", fa_dtype_name(p->dtype),
+                ? launch_dim<__nv_bfloat16>(D, a, mblocks, (int)p->heads_q, (int)p->batch, st)
+                : launch_dim<__half>(D, a, mblocks, (int)p->heads_q, (int)p->batch, st);
+    snprintf(l->kernel, sizeof l->kernel, "sm90_fwd_d%d_%s%s", D, fa_dtype_name(p->dtype),
              a.causal ? "_causal" : "");
     l->tile_q = BM;
     l->tile_k = BN;
