@@ -6,18 +6,21 @@
  *     tiles of 128 keys into a ring of STAGES slots in shared memory, by the copy engine (TMA,
  *     128-byte swizzle, zero fill past the tensor's end), each slot's copies completing on its
  *     `full` mbarrier; it waits on the slot's `empty` mbarrier before refilling it. It gives
- *     its registers away (setmaxnreg) and keeps 40.
+ *     its registers away (setmaxnreg) and keeps 24.
  *   warpgroups 1 and 2, the consumers: 64 query rows each. Per key tile:
  *       S = Q K^T      wgmma m64n128k16, A and B from shared memory (K-major), 8 k-steps
  *       mask / online softmax in registers (running max and sum, O rescaled), P to 16 bits
  *                      in the A-fragment layout (C-to-A identity, ptx.cuh)
  *       O += P V       wgmma with A from registers, B = V from shared memory (MN-major)
- *     then release the slot (256 arrivals on `empty`).
+ *     then release the slot (256 arrivals on `empty`). The overlapped schedule
+ *     (OVERLAP) issues S of tile j + 1 and P V of tile j together and runs the softmax of
+ *     tile j + 1 while the latter finishes.
  *
  * This first version serves head dims 64, 128 and 256, fp16/bf16, BSHD, causal or not
  * (bottom-right), GQA; fa_sm90_fwd refuses everything else with a reason, and the dispatcher
  * then runs the sm80 kernel and records why. Not yet: the ping-pong schedule between the
- * consumers and the overlap of one tile's softmax with the next tile's S product (issue 7).
+ * consumers; the overlapped schedule is built but chosen only by a bring-up switch until it
+ * has run on a GPU (issue 7).
  *
  * Shared memory (1024-byte aligned pieces): a 128-byte-swizzled tile is rows of 128 bytes = 64
  * columns, so a tile of D columns is D / 64 "panels" of 64 columns:
@@ -31,6 +34,7 @@
 #include <cudaTypedefs.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -70,7 +74,7 @@ struct Args {
     float scale_log2;
 };
 
-template <typename T, typename C>
+template <typename T, typename C, bool OVERLAP>
 __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_constant__ Args a) {
 #ifdef FA_SM90A_DEVICE
     constexpr int D = C::D, BN = C::BN, STAGES = C::STAGES, PANELS = C::PANELS;
@@ -99,7 +103,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
     __syncthreads();
 
     if (wg == 0) {
-        regs_dec<40>();
+        regs_dec<24>();
         if (tid == 0) {
             mbar_expect_tx(bar_q, 2 * Q_WG);
             for (int c = 0; c < 2; c++)
@@ -122,7 +126,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
         }
         return;
     }
-    regs_inc<232>();
+    regs_inc<240>();
 
     /* ---- consumer warpgroup c: query rows row0 + 64 c .. + 63 ---- */
     const int c = wg - 1, wtid = tid - 128 * wg, warp = wtid / 32, lane = wtid % 32;
@@ -138,14 +142,9 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
     for (int i = 0; i < D / 2; i++) o[i] = 0.f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
-    mbar_wait(bar_q, 0);
-    for (int it = 0; it < ntiles; it++) {
-        const int n = ntiles - 1 - it, s = it % STAGES, kcol0 = n * BN;
-        mbar_wait(bar_full + 8 * s, (uint32_t)(it / STAGES) & 1u);
-        const uint32_t sK = base + OFF_K + s * KV_TILE, sV = base + OFF_V + s * KV_TILE;
-
-        /* S = Q K^T: k-step kk reads 32 bytes into the 128-byte rows of panel kk / 4 */
-        float sc[BN / 2];
+    /* S = Q K^T into sc (zeroed first): k-step kk reads 32 bytes into the 128-byte rows of
+       panel kk / 4. Issued, not waited for. */
+    auto issue_s = [&](float (&sc)[BN / 2], uint32_t sK) {
 #pragma unroll
         for (int i = 0; i < BN / 2; i++) sc[i] = 0.f;
         wg_pin(sc);
@@ -158,10 +157,22 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             Wgmma<T, BN>::ss(sc, da, db, 1);
         }
         wg_commit();
-        wg_wait<0>();
-        wg_pin(sc);
-
-        /* masks: keys past the sequence, and past the diagonal under the causal mask */
+    };
+    /* O += P V: k-step kk is keys 16kk.. = rows 16kk.. of every V panel (leading offset: the
+       panels, KV_PANEL apart; stride: the next 8 keys). Issued, not waited for. */
+    auto issue_pv = [&](const uint32_t (&pa)[BN / 16][4], uint32_t sV) {
+        wg_pin(o);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+            Wgmma<T, D>::rs(o, pa[kk], desc_sw128(sV + kk * 16 * 128, KV_PANEL, 1024), 1);
+        wg_commit();
+    };
+    /* Masks (keys past the sequence, past the diagonal under the causal mask), then the online
+       softmax of tile kcol0: m and l move, P leaves as A fragments (k-step kk covers n8 tiles
+       2kk, 2kk+1), and alpha is what O must be multiplied by before this tile's P V. */
+    auto softmax = [&](float (&sc)[BN / 2], int kcol0, uint32_t (&pa)[BN / 16][4],
+                       float (&alpha)[2]) {
         const bool edge = kcol0 + BN > sk || (a.causal && kcol0 + BN - 1 > row0 + diag);
         if (edge) {
 #pragma unroll
@@ -172,9 +183,6 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
                     if (col >= sk || (a.causal && col > row + diag)) sc[4 * j + e] = -INFINITY;
                 }
         }
-
-        /* online softmax; P leaves as A fragments: k-step kk covers n8 tiles 2kk, 2kk+1 */
-        uint32_t pa[BN / 16][4];
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
             float mx = -INFINITY;
@@ -183,7 +191,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             mx = quad_max(mx) * a.scale_log2;
             const float m_new = fmaxf(m[hr], mx);
             const float m_use = m_new == -INFINITY ? 0.f : m_new;
-            const float alpha = fast_exp2(m[hr] - m_use);
+            alpha[hr] = fast_exp2(m[hr] - m_use);
             m[hr] = m_new;
             float sum = 0.f;
 #pragma unroll
@@ -193,25 +201,73 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
                 sum += p0 + p1;
                 pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(p0, p1);
             }
-            l[hr] = l[hr] * alpha + sum;
-#pragma unroll
-            for (int j = 0; j < NO; j++) {
-                o[4 * j + 2 * hr] *= alpha;
-                o[4 * j + 2 * hr + 1] *= alpha;
-            }
+            l[hr] = l[hr] * alpha[hr] + sum;
         }
-
-        /* O += P V: k-step kk is keys 16kk.. = rows 16kk.. of every V panel (leading offset:
-           the panels, KV_PANEL apart; stride: the next 8 keys) */
-        wg_pin(o);
-        wg_fence();
+    };
+    auto rescale = [&](const float (&alpha)[2]) {
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++)
-            Wgmma<T, D>::rs(o, pa[kk], desc_sw128(sV + kk * 16 * 128, KV_PANEL, 1024), 1);
-        wg_commit();
+        for (int j = 0; j < NO; j++) {
+            o[4 * j] *= alpha[0];
+            o[4 * j + 1] *= alpha[0];
+            o[4 * j + 2] *= alpha[1];
+            o[4 * j + 3] *= alpha[1];
+        }
+    };
+    auto slot = [&](int it) { return it % STAGES; };
+    auto phase = [&](int it) { return (uint32_t)(it / STAGES) & 1u; };
+    auto key0 = [&](int it) { return (ntiles - 1 - it) * BN; };
+
+    mbar_wait(bar_q, 0);
+    float sc[BN / 2], alpha[2];
+    uint32_t pa[BN / 16][4];
+    if (!OVERLAP) {
+        /* each tile: S, softmax, P V, each waited for */
+        for (int it = 0; it < ntiles; it++) {
+            const int s = slot(it);
+            mbar_wait(bar_full + 8 * s, phase(it));
+            issue_s(sc, base + OFF_K + s * KV_TILE);
+            wg_wait<0>();
+            wg_pin(sc);
+            softmax(sc, key0(it), pa, alpha);
+            rescale(alpha);
+            issue_pv(pa, base + OFF_V + s * KV_TILE);
+            wg_wait<0>();
+            wg_pin(o);
+            mbar_arrive(bar_empty + 8 * s); /* this thread is done with the slot */
+        }
+    } else if (ntiles > 0) {
+        /* S of tile it is in flight with P V of tile it - 1, and the softmax of tile it runs
+           while that product finishes: the exponentials overlap the tensor cores */
+        mbar_wait(bar_full, phase(0));
+        issue_s(sc, base + OFF_K);
+        wg_wait<0>();
+        wg_pin(sc);
+        softmax(sc, key0(0), pa, alpha); /* O is 0: no rescale */
+        for (int it = 1; it < ntiles; it++) {
+            const int s = slot(it), sp = slot(it - 1);
+            mbar_wait(bar_full + 8 * s, phase(it));
+            issue_s(sc, base + OFF_K + s * KV_TILE);
+            issue_pv(pa, base + OFF_V + sp * KV_TILE);
+            wg_wait<1>(); /* S(it) done; P V(it - 1) may still run, reading pa */
+            wg_pin(sc);
+            uint32_t pn[BN / 16][4];
+            softmax(sc, key0(it), pn, alpha);
+            wg_wait<0>();
+            wg_pin(o);
+            wg_pin(pa); /* pa's registers stay untouched until the product has read them */
+            mbar_arrive(bar_empty + 8 * sp);
+            rescale(alpha);
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++)
+#pragma unroll
+                for (int r = 0; r < 4; r++) pa[kk][r] = pn[kk][r];
+        }
+        const int sl = slot(ntiles - 1);
+        issue_pv(pa, base + OFF_V + sl * KV_TILE);
         wg_wait<0>();
         wg_pin(o);
-        mbar_arrive(bar_empty + 8 * s); /* this thread is done with the slot */
+        wg_pin(pa);
+        mbar_arrive(bar_empty + 8 * sl);
     }
 
     /* O / l and LSE = m ln2 + log l; rows past the sequence are not stored */
@@ -277,7 +333,7 @@ int bn_for(int D) { return D == 64 ? Tiles<64>::C::BN : D == 128 ? Tiles<128>::C
    body of the other targets' pass). */
 template <typename C> bool has_sm90a() {
     cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, fwd_sm90_kernel<__half, C>) != cudaSuccess) {
+    if (cudaFuncGetAttributes(&fa, fwd_sm90_kernel<__half, C, false>) != cudaSuccess) {
         cudaGetLastError();
         return false;
     }
@@ -301,8 +357,9 @@ const char *refusal(const fa_problem *p, const fa_cuda_launch *l) {
 }
 
 template <typename T, typename C>
-cudaError_t launch(const Args &a, int mblocks, int heads, int batch, cudaStream_t st) {
-    auto kern = fwd_sm90_kernel<T, C>;
+cudaError_t launch(const Args &a, bool overlap, int mblocks, int heads, int batch,
+                   cudaStream_t st) {
+    auto kern = overlap ? fwd_sm90_kernel<T, C, true> : fwd_sm90_kernel<T, C, false>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)C::SMEM);
     if (e != cudaSuccess) return e;
@@ -311,11 +368,12 @@ cudaError_t launch(const Args &a, int mblocks, int heads, int batch, cudaStream_
 }
 
 template <typename T>
-cudaError_t launch_dim(int D, const Args &a, int mblocks, int heads, int batch, cudaStream_t st) {
+cudaError_t launch_dim(int D, const Args &a, bool ov, int mblocks, int heads, int batch,
+                       cudaStream_t st) {
     switch (D) {
-    case 64: return launch<T, Tiles<64>::C>(a, mblocks, heads, batch, st);
-    case 128: return launch<T, Tiles<128>::C>(a, mblocks, heads, batch, st);
-    default: return launch<T, Tiles<256>::C>(a, mblocks, heads, batch, st);
+    case 64: return launch<T, Tiles<64>::C>(a, ov, mblocks, heads, batch, st);
+    case 128: return launch<T, Tiles<128>::C>(a, ov, mblocks, heads, batch, st);
+    default: return launch<T, Tiles<256>::C>(a, ov, mblocks, heads, batch, st);
     }
 }
 
@@ -352,15 +410,19 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.causal = p->win_right == 0;
     a.scale_log2 = p->scale * 1.4426950408889634f;
 
+    /* bring-up switch until the GPU has chosen: FLASHATTN_SM90_SCHEDULE=overlap runs the
+       schedule that overlaps a tile's softmax with the next tile's products */
+    const char *sched = getenv("FLASHATTN_SM90_SCHEDULE");
+    const bool ov = sched && strcmp(sched, "overlap") == 0;
     const int mblocks = (int)((p->seqlen_q + BM - 1) / BM);
     const cudaStream_t st = (cudaStream_t)l->stream;
     cudaError_t e = cudaSuccess;
     if (mblocks > 0)
         e = p->dtype == FA_DTYPE_BF16
-                ? launch_dim<__nv_bfloat16>(D, a, mblocks, (int)p->heads_q, (int)p->batch, st)
-                : launch_dim<__half>(D, a, mblocks, (int)p->heads_q, (int)p->batch, st);
-    snprintf(l->kernel, sizeof l->kernel, "sm90_fwd_d%d_%s%s", D, fa_dtype_name(p->dtype),
-             a.causal ? "_causal" : "");
+                ? launch_dim<__nv_bfloat16>(D, a, ov, mblocks, (int)p->heads_q, (int)p->batch, st)
+                : launch_dim<__half>(D, a, ov, mblocks, (int)p->heads_q, (int)p->batch, st);
+    snprintf(l->kernel, sizeof l->kernel, "sm90_fwd_d%d_%s%s%s", D, fa_dtype_name(p->dtype),
+             a.causal ? "_causal" : "", ov ? "_overlap" : "");
     l->tile_q = BM;
     l->tile_k = BN;
     l->threads = THREADS;

@@ -89,10 +89,17 @@ __device__ __forceinline__ void wg_commit() {
 template <int N> __device__ __forceinline__ void wg_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-/* keeps the compiler from moving accesses of an accumulator across an asynchronous wgmma */
+/* keeps the compiler from moving accesses of an accumulator across an asynchronous wgmma
+   (and, for A fragments, from reusing their registers before the wgmma has read them) */
 template <int N> __device__ __forceinline__ void wg_pin(float (&d)[N]) {
 #pragma unroll
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int N> __device__ __forceinline__ void wg_pin(uint32_t (&a)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) asm volatile("" : "+r"(a[i][r])::"memory");
 }
 
 /*
