@@ -12,15 +12,15 @@
  *       mask / online softmax in registers (running max and sum, O rescaled), P to 16 bits
  *                      in the A-fragment layout (C-to-A identity, ptx.cuh)
  *       O += P V       wgmma with A from registers, B = V from shared memory (MN-major)
- *     then release the slot (256 arrivals on `empty`). The overlapped schedule
- *     (OVERLAP) issues S of tile j + 1 and P V of tile j together and runs the softmax of
- *     tile j + 1 while the latter finishes.
+ *     then release the slot (256 arrivals on `empty`). Schedules: PLAIN waits for each
+ *     product in turn; OVERLAP issues S of tile j + 1 and P V of tile j together and runs the
+ *     softmax of tile j + 1 while the latter finishes; PINGPONG adds turns between the two
+ *     consumers (named barriers), so one's softmax runs under the other's products.
  *
  * This first version serves head dims 64, 128 and 256, fp16/bf16, BSHD, causal or not
  * (bottom-right), GQA; fa_sm90_fwd refuses everything else with a reason, and the dispatcher
- * then runs the sm80 kernel and records why. Not yet: the ping-pong schedule between the
- * consumers; the overlapped schedule is built but chosen only by a bring-up switch until it
- * has run on a GPU (issue 7).
+ * then runs the sm80 kernel and records why. PLAIN is the schedule that has run on a GPU;
+ * OVERLAP and PINGPONG are built and chosen only by a bring-up switch until they have (issue 7).
  *
  * Shared memory (1024-byte aligned pieces): a 128-byte-swizzled tile is rows of 128 bytes = 64
  * columns, so a tile of D columns is D / 64 "panels" of 64 columns:
@@ -74,7 +74,10 @@ struct Args {
     float scale_log2;
 };
 
-template <typename T, typename C, bool OVERLAP>
+/* consumer schedules (bring-up: FLASHATTN_SM90_SCHEDULE picks one until the GPU has chosen) */
+enum Schedule { PLAIN = 0, OVERLAP = 1, PINGPONG = 2 };
+
+template <typename T, typename C, int SCHED>
 __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_constant__ Args a) {
 #ifdef FA_SM90A_DEVICE
     constexpr int D = C::D, BN = C::BN, STAGES = C::STAGES, PANELS = C::PANELS;
@@ -220,7 +223,19 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
     mbar_wait(bar_q, 0);
     float sc[BN / 2], alpha[2];
     uint32_t pa[BN / 16][4];
-    if (!OVERLAP) {
+    /* PINGPONG: the two consumers take turns issuing their products (named barriers 1 and 2,
+       256 threads: one consumer syncs, the other arrives), so one's softmax runs while the
+       other's products hold the tensor cores */
+    const int my_bar = 1 + c, other_bar = 2 - c;
+    auto my_turn = [&]() {
+        if (SCHED == PINGPONG) asm volatile("bar.sync %0, 256;\n" ::"r"(my_bar) : "memory");
+    };
+    auto your_turn = [&]() {
+        if (SCHED == PINGPONG) asm volatile("bar.arrive %0, 256;\n" ::"r"(other_bar) : "memory");
+    };
+    if (SCHED == PINGPONG && c == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory"); /* 0 first */
+
+    if (SCHED == PLAIN) {
         /* each tile: S, softmax, P V, each waited for */
         for (int it = 0; it < ntiles; it++) {
             const int s = slot(it);
@@ -239,15 +254,19 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
         /* S of tile it is in flight with P V of tile it - 1, and the softmax of tile it runs
            while that product finishes: the exponentials overlap the tensor cores */
         mbar_wait(bar_full, phase(0));
+        my_turn();
         issue_s(sc, base + OFF_K);
+        your_turn();
         wg_wait<0>();
         wg_pin(sc);
         softmax(sc, key0(0), pa, alpha); /* O is 0: no rescale */
         for (int it = 1; it < ntiles; it++) {
             const int s = slot(it), sp = slot(it - 1);
             mbar_wait(bar_full + 8 * s, phase(it));
+            my_turn();
             issue_s(sc, base + OFF_K + s * KV_TILE);
             issue_pv(pa, base + OFF_V + sp * KV_TILE);
+            your_turn();
             wg_wait<1>(); /* S(it) done; P V(it - 1) may still run, reading pa */
             wg_pin(sc);
             uint32_t pn[BN / 16][4];
@@ -263,12 +282,16 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
                 for (int r = 0; r < 4; r++) pa[kk][r] = pn[kk][r];
         }
         const int sl = slot(ntiles - 1);
+        my_turn();
         issue_pv(pa, base + OFF_V + sl * KV_TILE);
+        your_turn();
         wg_wait<0>();
         wg_pin(o);
         wg_pin(pa);
         mbar_arrive(bar_empty + 8 * sl);
     }
+    /* consumer 0 takes consumer 1's last turn-passing, so no barrier is left half-arrived */
+    if (SCHED == PINGPONG && c == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
 
     /* O / l and LSE = m ln2 + log l; rows past the sequence are not stored */
 #pragma unroll
@@ -333,7 +356,7 @@ int bn_for(int D) { return D == 64 ? Tiles<64>::C::BN : D == 128 ? Tiles<128>::C
    body of the other targets' pass). */
 template <typename C> bool has_sm90a() {
     cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, fwd_sm90_kernel<__half, C, false>) != cudaSuccess) {
+    if (cudaFuncGetAttributes(&fa, fwd_sm90_kernel<__half, C, PLAIN>) != cudaSuccess) {
         cudaGetLastError();
         return false;
     }
@@ -357,9 +380,10 @@ const char *refusal(const fa_problem *p, const fa_cuda_launch *l) {
 }
 
 template <typename T, typename C>
-cudaError_t launch(const Args &a, bool overlap, int mblocks, int heads, int batch,
-                   cudaStream_t st) {
-    auto kern = overlap ? fwd_sm90_kernel<T, C, true> : fwd_sm90_kernel<T, C, false>;
+cudaError_t launch(const Args &a, int sched, int mblocks, int heads, int batch, cudaStream_t st) {
+    auto kern = sched == PINGPONG  ? fwd_sm90_kernel<T, C, PINGPONG>
+                : sched == OVERLAP ? fwd_sm90_kernel<T, C, OVERLAP>
+                                   : fwd_sm90_kernel<T, C, PLAIN>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)C::SMEM);
     if (e != cudaSuccess) return e;
@@ -368,7 +392,7 @@ cudaError_t launch(const Args &a, bool overlap, int mblocks, int heads, int batc
 }
 
 template <typename T>
-cudaError_t launch_dim(int D, const Args &a, bool ov, int mblocks, int heads, int batch,
+cudaError_t launch_dim(int D, const Args &a, int ov, int mblocks, int heads, int batch,
                        cudaStream_t st) {
     switch (D) {
     case 64: return launch<T, Tiles<64>::C>(a, ov, mblocks, heads, batch, st);
@@ -410,10 +434,12 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.causal = p->win_right == 0;
     a.scale_log2 = p->scale * 1.4426950408889634f;
 
-    /* bring-up switch until the GPU has chosen: FLASHATTN_SM90_SCHEDULE=overlap runs the
-       schedule that overlaps a tile's softmax with the next tile's products */
+    /* bring-up switch until the GPU has chosen: FLASHATTN_SM90_SCHEDULE=overlap|pingpong */
     const char *sched = getenv("FLASHATTN_SM90_SCHEDULE");
-    const bool ov = sched && strcmp(sched, "overlap") == 0;
+    const int ov = !sched ? PLAIN : strcmp(sched, "overlap") == 0    ? OVERLAP
+                                  : strcmp(sched, "pingpong") == 0 ? PINGPONG
+                                                                     : PLAIN;
+    static const char *const sched_name[] = {"", "_overlap", "_pingpong"};
     const int mblocks = (int)((p->seqlen_q + BM - 1) / BM);
     const cudaStream_t st = (cudaStream_t)l->stream;
     cudaError_t e = cudaSuccess;
@@ -422,7 +448,7 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
                 ? launch_dim<__nv_bfloat16>(D, a, ov, mblocks, (int)p->heads_q, (int)p->batch, st)
                 : launch_dim<__half>(D, a, ov, mblocks, (int)p->heads_q, (int)p->batch, st);
     snprintf(l->kernel, sizeof l->kernel, "sm90_fwd_d%d_%s%s%s", D, fa_dtype_name(p->dtype),
-             a.causal ? "_causal" : "", ov ? "_overlap" : "");
+             a.causal ? "_causal" : "", sched_name[ov]);
     l->tile_q = BM;
     l->tile_k = BN;
     l->threads = THREADS;
