@@ -3,15 +3,15 @@
  * inline PTX (wgmma.cuh):
  *
  *   warpgroup 0, the producer: one thread issues every load. Q (128 rows) once, then K and V
- *     tiles of 128 keys into a ring of STAGES slots in shared memory, by the copy engine (TMA,
+ *     tiles of BN keys into a ring of STAGES slots in shared memory, by the copy engine (TMA,
  *     128-byte swizzle, zero fill past the tensor's end), each slot's copies completing on its
  *     `full` mbarrier; it waits on the slot's `empty` mbarrier before refilling it. It gives
  *     its registers away (setmaxnreg) and keeps 24.
  *   warpgroups 1 and 2, the consumers: 64 query rows each. Per key tile:
- *       S = Q K^T      wgmma m64n128k16, A and B from shared memory (K-major), 8 k-steps
+ *       S = Q K^T      wgmma m64n{BN}k16, A and B from shared memory (K-major), D/16 k-steps
  *       mask / online softmax in registers (running max and sum, O rescaled), P to 16 bits
  *                      in the A-fragment layout (C-to-A identity, ptx.cuh)
- *       O += P V       wgmma with A from registers, B = V from shared memory (MN-major)
+ *       O += P V       wgmma m64n{D}k16, A from registers, B = V from shared memory (MN-major)
  *     then release the slot (256 arrivals on `empty`). Schedules: PLAIN waits for each
  *     product in turn; OVERLAP issues S of tile j + 1 and P V of tile j together and runs the
  *     softmax of tile j + 1 while the latter finishes; PINGPONG adds turns between the two
@@ -65,7 +65,7 @@ template <> struct Tiles<128> { using C = Cfg<128, 128, 2>; };
 template <> struct Tiles<256> { using C = Cfg<256, 64, 2>; };
 
 struct Args {
-    CUtensorMap tq, tk, tv; /* (d, head, token, batch); boxes (64, 1, 64 or 128, 1) */
+    CUtensorMap tq, tk, tv; /* (d, head, token, batch); boxes (64, 1, rows, 1): Q 64, K/V BN */
     void *o;
     float *lse;
     int64_t o_sb, o_st, o_sh, lse_sb, lse_sh, lse_st;
