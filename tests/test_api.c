@@ -174,6 +174,9 @@ static void selection_record(void **state) {
         fa_context *c;
         assert_int_equal(fa_context_create(&c, FA_BACKEND_CPU), FA_OK);
         assert_int_equal(fa_context_set_strict(c, 1), FA_OK); /* plain CPU calls: no fallback */
+        /* one thread: the backward's one-pass schedule (which every level's backward serves)
+           whatever the machine's core count */
+        assert_int_equal(fa_context_set_threads(c, 1), FA_OK);
         prob p;
         prob_init(&p, dts[i]);
         char want[64];
@@ -291,6 +294,41 @@ static void bwd_schedule_record(void **state) {
     fa_context_destroy(c);
 }
 
+/* Strict mode refuses a fallback before writing anything: where the CPU has the amx level,
+   its backward serves one-pass only, so a bf16 backward forced to two passes would fall back
+   to the avx512 one. Without strict mode it runs and the record says why. */
+static void strict_refuses_fallback(void **state) {
+    (void)state;
+    fa_context *c;
+    assert_int_equal(fa_context_create(&c, FA_BACKEND_CPU), FA_OK);
+    prob p;
+    prob_init(&p, FA_DTYPE_BF16);
+    assert_int_equal(fwd(c, &p, NULL), FA_OK);
+    const int amx = strstr(fa_last_selection(c)->kernel, "_amx_") != NULL;
+    assert_int_equal(setenv("FLASHATTN_CPU_BWD_SCHEDULE", "two-pass", 1), 0);
+    assert_int_equal(fa_context_set_strict(c, 1), FA_OK);
+    tk_poison(&p.dq);
+    tk_poison(&p.dk);
+    tk_poison(&p.dv);
+    const fa_status st = bwd(c, &p, NULL);
+    if (amx) {
+        assert_int_equal(st, FA_ERR_UNSUPPORTED);
+        assert_non_null(strstr(fa_last_error(c), "strict"));
+        const tk_buf *grads[3] = {&p.dq, &p.dk, &p.dv};
+        for (int g = 0; g < 3; g++) /* nothing written */
+            for (size_t i = 0; i < grads[g]->bytes; i++)
+                assert_int_equal(((const unsigned char *)grads[g]->base)[i], 0xff);
+    } else {
+        assert_int_equal(st, FA_OK); /* no level with a narrower backward: nothing to refuse */
+    }
+    assert_int_equal(fa_context_set_strict(c, 0), FA_OK);
+    assert_int_equal(bwd(c, &p, NULL), FA_OK);
+    if (amx) assert_non_null(strstr(fa_last_selection(c)->reason, "one-pass only"));
+    assert_int_equal(unsetenv("FLASHATTN_CPU_BWD_SCHEDULE"), 0);
+    prob_free(&p);
+    fa_context_destroy(c);
+}
+
 static void user_workspace(void **state) {
     (void)state;
     prob p;
@@ -400,6 +438,7 @@ int main(void) {
         cmocka_unit_test(tensor_constructors), cmocka_unit_test(params_default),
         cmocka_unit_test(context_setters),  cmocka_unit_test(selection_record),
         cmocka_unit_test(user_workspace), cmocka_unit_test(bwd_schedule_record),
+        cmocka_unit_test(strict_refuses_fallback),
 #ifndef _WIN32
         cmocka_unit_test(env_log),          cmocka_unit_test(env_threads),
 #endif

@@ -275,13 +275,20 @@ static fa_status cpu_bwd(fa_context *ctx, const fa_problem *p, void *ws, size_t 
     if (st != FA_OK) return st;
     const fa_cpu_isa_ops *active = isa;
     isa = fa_cpu_isa_bwd_level(isa, p, threads);
+    /* a level whose own backward covers the dtype but not this schedule falls back */
+    const int fell_back =
+        active != isa && active->bwd && active->bwd_takes && active->bwd_takes(p, 0);
+    if (fell_back && ctx->strict)
+        return fa_fail(ctx, FA_ERR_UNSUPPORTED,
+                       "fa_bwd: strict mode: the %s backward serves the one-pass schedule only "
+                       "and this call needs two passes (the %s backward would run)",
+                       active->name, isa->name);
     isa->bwd(p, ws, threads);
     const fa_cpu_tiles t = isa->bwd_tiles(p);
     record(ctx, "bwd", tiled_name(name, sizeof name, "bwd", isa, p->dtype, t), t, threads,
            isa->bwd_ws(p, threads));
     fa_cpu_bwd_one_pass(p, threads, ctx->sel.reason, sizeof ctx->sel.reason);
-    /* a level whose own backward covers the dtype but not this schedule says so */
-    if (active != isa && active->bwd && active->bwd_takes && active->bwd_takes(p, 0)) {
+    if (fell_back) {
         char *r = ctx->sel.reason;
         const size_t len = sizeof ctx->sel.reason;
         char schedule[sizeof ctx->sel.reason];

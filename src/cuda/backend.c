@@ -224,6 +224,8 @@ static fa_status cuda_fwd(fa_context *ctx, const fa_problem *pin, void *ws, size
     fa_status st = FA_ERR_UNSUPPORTED;
     if (l.cc == 90 && sm90_fwd_enabled()) {
         st = fa_sm90_fwd(&p, &l);
+        if (st == FA_ERR_UNSUPPORTED && ctx->strict)
+            return fa_fail(ctx, st, "fa_fwd: strict mode: %s", l.msg);
         if (st == FA_ERR_UNSUPPORTED) snprintf(why, sizeof why, "%s", l.msg);
         else if (st != FA_OK) return fa_fail(ctx, st, "fa_fwd: %s", l.msg);
     }
