@@ -232,6 +232,23 @@ FA_TM_INLINE __m512 exp2_poly(__m512 t) {
 }
 
 /*
+ * 2^t for the probabilities themselves, which are rounded to bf16 (8 significant bits) before
+ * the P V product: a degree-3 polynomial (relative error 7.5e-5, 16x below that rounding;
+ * fitted for [-1/2, 1/2]) saves two FMAs of the critical path. Their row sums use the same
+ * values, so O = sum(P V) / sum(P) stays consistent; the LSE moves by at most 7.5e-5.
+ */
+FA_TM_INLINE __m512 exp2_p(__m512 t) {
+    const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-125.0f), _CMP_NLE_UQ);
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(t, n);
+    __m512 p = _mm512_set1_ps(5.517259134e-2f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.426137087e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.932610297e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.999278607e-1f));
+    return _mm512_maskz_scalef_ps(normal, p, n);
+}
+
+/*
  * The running max moves only when a strip's max exceeds it by more than LAZY (natural-log
  * units): the probabilities are then relative to a max at most LAZY below the true one, so
  * they stay below e^8 (no overflow in fp32 or bf16; their rounding is relative, so it does
@@ -320,15 +337,15 @@ static void strip_exp(const amx_bufs *B, uint32_t *pt, int ns, int nq32, float m
         uint32_t *pj = pt + i;
         int j = 0;
         for (; j + 2 <= ns; j += 2, sj += 2 * BQ, pj += BQ) {
-            const __m512 e0 = exp2_poly(_mm512_fmadd_ps(_mm512_loadu_ps(sj), vmul2, off));
-            const __m512 e1 = exp2_poly(_mm512_fmadd_ps(_mm512_loadu_ps(sj + BQ), vmul2, off));
+            const __m512 e0 = exp2_p(_mm512_fmadd_ps(_mm512_loadu_ps(sj), vmul2, off));
+            const __m512 e1 = exp2_p(_mm512_fmadd_ps(_mm512_loadu_ps(sj + BQ), vmul2, off));
             sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
             /* e0 in the low half, e1 in the high one, then interleaved */
             const __m512i pair = (__m512i)_mm512_cvtne2ps_pbh(e1, e0);
             _mm512_storeu_si512(pj, _mm512_permutexvar_epi16(ilv, pair));
         }
         if (j < ns) { /* odd key count: the last key pairs with a zero */
-            const __m512 e0 = exp2_poly(_mm512_fmadd_ps(_mm512_loadu_ps(sj), vmul2, off));
+            const __m512 e0 = exp2_p(_mm512_fmadd_ps(_mm512_loadu_ps(sj), vmul2, off));
             sum = _mm512_add_ps(sum, e0);
             const __m512i pair = (__m512i)_mm512_cvtne2ps_pbh(_mm512_setzero_ps(), e0);
             _mm512_storeu_si512(pj, _mm512_permutexvar_epi16(ilv, pair));
