@@ -161,8 +161,8 @@ __global__ void __launch_bounds__(C::THREADS)
         for (int nb = nb_last; nb >= nb_first; nb--) {
             const int kcol0 = nb * BN;
             cp_async_wait<0>();
-            /* K(nb) visible to all; every warp is done with V(nb+1) and K(nb+1), whose
-               buffers the next two copies overwrite */
+            /* K(nb) (in the first iteration also Q and V(nb)) visible to all; every warp is
+               done with V(nb+1) and K(nb+1), whose buffers the next two copies overwrite */
             __syncthreads();
             if (nb != nb_last)
                 load_tile<BN, D, LD, C::THREADS>(sV, (const char *)(vg + (int64_t)kcol0 * a.v_st),
