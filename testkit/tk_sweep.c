@@ -71,8 +71,9 @@ static const tk_case fwd_cases[] = {
      .causal = 1},
     {SHAPE("sliding-causal", 1, 113, 113, 4, 1, 128, F32), .causal = 1, WIN(20, -1),
      .strided = 1},
-    /* shapes the sm90 forward takes (d 64/128/256, 16-bit, no window/softcap/ALiBi/varlen),
-       with partial query blocks (128 rows) and key tiles (64 or 128 keys) */
+    /* shapes the sm90 forward takes (d 64/128/256, 16-bit, not varlen), with partial query
+       blocks (128 rows) and key tiles (64 or 128 keys); the cases above with those head dims
+       add windows, softcap and ALiBi */
     {SHAPE("d128-gqa-tiles", 2, 200, 300, 4, 2, 128, BF16)},
     {SHAPE("d128-causal-sq<sk", 1, 130, 257, 2, 1, 128, F16), .causal = 1, .strided = 1},
     {SHAPE("d128-causal-sq>sk", 2, 257, 100, 2, 2, 128, BF16), .causal = 1},

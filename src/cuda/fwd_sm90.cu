@@ -17,8 +17,9 @@
  *     softmax of tile j + 1 while the latter finishes; PINGPONG adds turns between the two
  *     consumers (named barriers), so one's softmax runs under the other's products.
  *
- * This first version serves head dims 64, 128 and 256, fp16/bf16, BSHD, causal or not
- * (bottom-right), GQA; fa_sm90_fwd refuses everything else with a reason, and the dispatcher
+ * This first version serves head dims 64, 128 and 256, fp16/bf16, BSHD, every mask (causal
+ * bottom-right, windows), softcap, ALiBi, GQA (not yet varlen); fa_sm90_fwd refuses
+ * everything else with a reason, and the dispatcher
  * then runs the sm80 kernel and records why. PLAIN is the schedule that has run on a GPU;
  * OVERLAP and PINGPONG are built and chosen only by a bring-up switch until they have (issue 7).
  *
@@ -39,6 +40,7 @@
 
 #include "kernels.h"
 #include "ptx.cuh"
+#include "score_mods.cuh"
 #include "wgmma.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -70,8 +72,7 @@ struct Args {
     float *lse;
     int64_t o_sb, o_st, o_sh, lse_sb, lse_sh, lse_st;
     int seqlen_q, seqlen_k, group;
-    int causal; /* bottom-right: key j visible to query i iff j <= i + seqlen_k - seqlen_q */
-    float scale_log2;
+    ScoreMods m; /* windows (causal: right window 0, bottom-right), scale, softcap, ALiBi */
 };
 
 /* consumer schedules (bring-up: FLASHATTN_SM90_SCHEDULE picks one until the GPU has chosen) */
@@ -90,10 +91,18 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
     const int m_block = gridDim.x - 1 - blockIdx.x; /* longest causal rows first */
     const int h = blockIdx.y, b = blockIdx.z, hk = h / a.group;
     const int sq = a.seqlen_q, sk = a.seqlen_k, diag = sk - sq, row0 = m_block * BM;
-    /* key tiles [0, ntiles): under the causal mask the block's last row sees keys up to
-       row0 + BM - 1 + diag; tiles past that are never loaded */
-    const int n_end = a.causal ? min(sk, row0 + BM + diag) : sk;
-    const int ntiles = n_end > 0 ? (n_end + BN - 1) / BN : 0;
+    /* the key range [lo(i), hi(i)) of query row i, both ends non-decreasing in i (as in
+       fwd_sm80.cuh); the block visits the tiles of [lo(first row), hi(last row)), never
+       loading the others, and masks per element only tiles that cross an edge */
+    auto lo_of = [&](int i) { return a.m.win_left < 0 ? 0 : max(0, i + diag - a.m.win_left); };
+    auto hi_of = [&](int i) {
+        return a.m.win_right < 0 ? sk : min(sk, i + diag + a.m.win_right + 1);
+    };
+    const int last_row = min(row0 + BM, sq) - 1;
+    const int n_lo = lo_of(row0), n_hi = hi_of(last_row);
+    const int lo_max = lo_of(last_row), hi_min = hi_of(row0);
+    const int t_first = n_lo / BN;
+    const int ntiles = n_hi > n_lo ? (n_hi - 1) / BN - t_first + 1 : 0;
 
     if (tid == 0) {
         mbar_init(bar_q, 1);
@@ -115,7 +124,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
                               row0 + 64 * c, b);
             /* tiles from the last (the diagonal one under a causal mask) to the first */
             for (int it = 0; it < ntiles; it++) {
-                const int n = ntiles - 1 - it, s = it % STAGES;
+                const int n = t_first + ntiles - 1 - it, s = it % STAGES;
                 const uint32_t ph = (uint32_t)(it / STAGES) & 1u;
                 mbar_wait(bar_empty + 8 * s, ph ^ 1u); /* a fresh barrier passes parity 1 */
                 mbar_expect_tx(bar_full + 8 * s, 2 * KV_TILE);
@@ -171,27 +180,43 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             Wgmma<T, D>::rs(o, pa[kk], desc_sw128(sV + kk * 16 * 128, KV_PANEL, 1024), 1);
         wg_commit();
     };
-    /* Masks (keys past the sequence, past the diagonal under the causal mask), then the online
-       softmax of tile kcol0: m and l move, P leaves as A fragments (k-step kk covers n8 tiles
-       2kk, 2kk+1), and alpha is what O must be multiplied by before this tile's P V. */
+    /* Scores without softcap or ALiBi stay raw (the exponent takes scale * log2 e); with them,
+       score_log2 converts them to log2 units first. Then the masks (keys outside a row's
+       range, past the sequence included) and the online softmax of tile kcol0: m and l move,
+       P leaves as A fragments (k-step kk covers n8 tiles 2kk, 2kk+1), and alpha is what O
+       must be multiplied by before this tile's P V. */
+    const bool fancy = a.m.softcap > 0.f || a.m.alibi != nullptr; /* uniform per launch */
+    const float mul = fancy ? 1.f : a.m.scale_log2;
+    const float slope = alibi_slope_log2(a.m, b, h);
     auto softmax = [&](float (&sc)[BN / 2], int kcol0, uint32_t (&pa)[BN / 16][4],
                        float (&alpha)[2]) {
-        const bool edge = kcol0 + BN > sk || (a.causal && kcol0 + BN - 1 > row0 + diag);
-        if (edge) {
+        if (fancy) {
 #pragma unroll
             for (int j = 0; j < NS; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int col = kcol0 + 8 * j + 2 * t4 + (e & 1), row = r_lo + 8 * (e >> 1);
-                    if (col >= sk || (a.causal && col > row + diag)) sc[4 * j + e] = -INFINITY;
+                    sc[4 * j + e] = score_log2(a.m, sc[4 * j + e], slope, row + diag, col);
                 }
+        }
+        if (!(kcol0 >= lo_max && kcol0 + BN <= hi_min)) {
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int row = r_lo + 8 * hr;
+                const int lo = lo_of(row) - kcol0 - 2 * t4, hi = hi_of(row) - kcol0 - 2 * t4;
+#pragma unroll
+                for (int j = 0; j < NS; j++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++)
+                        if (8 * j + e < lo || 8 * j + e >= hi) sc[4 * j + 2 * hr + e] = -INFINITY;
+            }
         }
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
             float mx = -INFINITY;
 #pragma unroll
             for (int j = 0; j < NS; j++) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]));
-            mx = quad_max(mx) * a.scale_log2;
+            mx = quad_max(mx) * mul;
             const float m_new = fmaxf(m[hr], mx);
             const float m_use = m_new == -INFINITY ? 0.f : m_new;
             alpha[hr] = fast_exp2(m[hr] - m_use);
@@ -199,8 +224,8 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             float sum = 0.f;
 #pragma unroll
             for (int j = 0; j < NS; j++) {
-                const float p0 = fast_exp2(fmaf(sc[4 * j + 2 * hr], a.scale_log2, -m_use));
-                const float p1 = fast_exp2(fmaf(sc[4 * j + 2 * hr + 1], a.scale_log2, -m_use));
+                const float p0 = fast_exp2(fmaf(sc[4 * j + 2 * hr], mul, -m_use));
+                const float p1 = fast_exp2(fmaf(sc[4 * j + 2 * hr + 1], mul, -m_use));
                 sum += p0 + p1;
                 pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(p0, p1);
             }
@@ -218,7 +243,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
     };
     auto slot = [&](int it) { return it % STAGES; };
     auto phase = [&](int it) { return (uint32_t)(it / STAGES) & 1u; };
-    auto key0 = [&](int it) { return (ntiles - 1 - it) * BN; };
+    auto key0 = [&](int it) { return (t_first + ntiles - 1 - it) * BN; };
 
     mbar_wait(bar_q, 0);
     float sc[BN / 2], alpha[2];
@@ -342,6 +367,12 @@ CUresult make_map(CUtensorMap *m, const fa_operand *op, fa_dtype dt, int64_t d, 
                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
+/* "_causal", "_causal_local" (a causal window), "_local" (any other window) or "" */
+const char *mask_name(const fa_problem *p) {
+    if (p->causal) return p->win_left < 0 ? "_causal" : "_causal_local";
+    return (p->win_left >= 0 || p->win_right >= 0) ? "_local" : "";
+}
+
 /* The kernel dimension for p's head dim, 0 for none. */
 int kernel_dim(int64_t d) { return d == 64 || d == 128 || d == 256 ? (int)d : 0; }
 
@@ -369,8 +400,6 @@ const char *refusal(const fa_problem *p, const fa_cuda_launch *l) {
     const int D = kernel_dim(p->d);
     if (!D) return "head dims other than 64, 128, 256 (not yet)";
     if (p->cu_q) return "varlen (not yet)";
-    if (p->softcap > 0.f || p->alibi) return "softcap or ALiBi (not yet)";
-    if (p->win_left >= 0 || p->win_right > 0) return "a sliding window (not yet)";
     if (p->batch > 1 && (p->q.sb == 0 || p->k.sb == 0 || p->v.sb == 0))
         return "a batch stride of 0";
     if (smem_for(D) > l->smem_optin) return "shared memory";
@@ -431,8 +460,7 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.seqlen_q = (int)p->seqlen_q;
     a.seqlen_k = (int)p->seqlen_k;
     a.group = (int)p->group;
-    a.causal = p->win_right == 0;
-    a.scale_log2 = p->scale * 1.4426950408889634f;
+    a.m = fa::score_mods_of(p);
 
     /* bring-up switch until the GPU has chosen: FLASHATTN_SM90_SCHEDULE=overlap|pingpong */
     const char *sched = getenv("FLASHATTN_SM90_SCHEDULE");
@@ -448,7 +476,7 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
                 ? launch_dim<__nv_bfloat16>(D, a, ov, mblocks, (int)p->heads_q, (int)p->batch, st)
                 : launch_dim<__half>(D, a, ov, mblocks, (int)p->heads_q, (int)p->batch, st);
     snprintf(l->kernel, sizeof l->kernel, "sm90_fwd_d%d_%s%s%s", D, fa_dtype_name(p->dtype),
-             a.causal ? "_causal" : "", sched_name[ov]);
+             mask_name(p), sched_name[ov]);
     l->tile_q = BM;
     l->tile_k = BN;
     l->threads = THREADS;
