@@ -17,9 +17,9 @@
  *     softmax of tile j + 1 while the latter finishes; PINGPONG adds turns between the two
  *     consumers (named barriers), so one's softmax runs under the other's products.
  *
- * This first version serves head dims 64, 128 and 256, fp16/bf16, BSHD, every mask (causal
- * bottom-right, windows), softcap, ALiBi, GQA (not yet varlen); fa_sm90_fwd refuses
- * everything else with a reason, and the dispatcher
+ * This first version serves head dims 64, 128 and 256, fp16/bf16, BSHD and varlen, every mask
+ * (causal bottom-right, windows), softcap, ALiBi, GQA; fa_sm90_fwd refuses everything else
+ * (other head dims, strides the copy engine cannot take) with a reason, and the dispatcher
  * then runs the sm80 kernel and records why. PLAIN is the schedule that has run on a GPU;
  * OVERLAP and PINGPONG are built and chosen only by a bring-up switch until they have (issue 7).
  *
@@ -71,6 +71,7 @@ struct Args {
     void *o;
     float *lse;
     int64_t o_sb, o_st, o_sh, lse_sb, lse_sh, lse_st;
+    const int *cu_q, *cu_k; /* varlen: token offsets (the maps then span all tokens, batch 1) */
     int seqlen_q, seqlen_k, group;
     ScoreMods m; /* windows (causal: right window 0, bottom-right), scale, softcap, ALiBi */
 };
@@ -90,7 +91,18 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
     const int tid = threadIdx.x, wg = tid / 128;
     const int m_block = gridDim.x - 1 - blockIdx.x; /* longest causal rows first */
     const int h = blockIdx.y, b = blockIdx.z, hk = h / a.group;
-    const int sq = a.seqlen_q, sk = a.seqlen_k, diag = sk - sq, row0 = m_block * BM;
+    /* sequence b: its first query and key tokens (varlen) and lengths; bt is the maps' batch
+       coordinate, bo the batch index of o and lse */
+    int q0 = 0, k0 = 0, sq = a.seqlen_q, sk = a.seqlen_k, bt = b, bo = b;
+    if (a.cu_q) {
+        q0 = a.cu_q[b];
+        sq = a.cu_q[b + 1] - q0;
+        k0 = a.cu_k[b];
+        sk = a.cu_k[b + 1] - k0;
+        bt = bo = 0;
+    }
+    const int diag = sk - sq, row0 = m_block * BM;
+    if (row0 >= sq) return; /* varlen: a shorter sequence (the whole block leaves) */
     /* the key range [lo(i), hi(i)) of query row i, both ends non-decreasing in i (as in
        fwd_sm80.cuh); the block visits the tiles of [lo(first row), hi(last row)), never
        loading the others, and masks per element only tiles that cross an edge */
@@ -121,7 +133,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             for (int c = 0; c < 2; c++)
                 for (int x = 0; x < PANELS; x++)
                     tma_load4(base + c * Q_WG + x * Q_PANEL, &a.tq, bar_q, x * 64, h,
-                              row0 + 64 * c, b);
+                              q0 + row0 + 64 * c, bt);
             /* tiles from the last (the diagonal one under a causal mask) to the first */
             for (int it = 0; it < ntiles; it++) {
                 const int n = t_first + ntiles - 1 - it, s = it % STAGES;
@@ -130,9 +142,9 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
                 mbar_expect_tx(bar_full + 8 * s, 2 * KV_TILE);
                 for (int x = 0; x < PANELS; x++) {
                     tma_load4(base + OFF_K + s * KV_TILE + x * KV_PANEL, &a.tk, bar_full + 8 * s,
-                              x * 64, hk, n * BN, b);
+                              x * 64, hk, k0 + n * BN, bt);
                     tma_load4(base + OFF_V + s * KV_TILE + x * KV_PANEL, &a.tv, bar_full + 8 * s,
-                              x * 64, hk, n * BN, b);
+                              x * 64, hk, k0 + n * BN, bt);
                 }
             }
         }
@@ -245,6 +257,24 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
     auto phase = [&](int it) { return (uint32_t)(it / STAGES) & 1u; };
     auto key0 = [&](int it) { return (t_first + ntiles - 1 - it) * BN; };
 
+    /* Varlen: the rows of a tile past its sequence's last key hold the next sequence's tokens
+       (the copy engine zero-fills only past the whole tensor). Their probabilities are 0, but
+       0 x inf is NaN: the V rows are zeroed here (whole 128-byte rows, so the swizzle does not
+       matter; both consumers write the same zeros), made visible to the tensor cores, and the
+       warpgroup synchronises on its named barrier (3 + c) before its products read them. */
+    auto clear_tail = [&](int it) {
+        const int valid = sk - key0(it);
+        if (!a.cu_q || valid >= BN) return;
+        const uint32_t sV = base + OFF_V + slot(it) * KV_TILE;
+        for (int i = wtid; i < PANELS * (BN - valid) * 8; i += 128) {
+            const int x = i / ((BN - valid) * 8), rest = i % ((BN - valid) * 8);
+            const uint32_t addr = sV + x * KV_PANEL + (valid + rest / 8) * 128 + (rest % 8) * 16;
+            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0u) : "memory");
+        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        asm volatile("bar.sync %0, 128;\n" ::"r"(3 + c) : "memory");
+    };
+
     mbar_wait(bar_q, 0);
     float sc[BN / 2], alpha[2];
     uint32_t pa[BN / 16][4];
@@ -265,6 +295,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
         for (int it = 0; it < ntiles; it++) {
             const int s = slot(it);
             mbar_wait(bar_full + 8 * s, phase(it));
+            clear_tail(it);
             issue_s(sc, base + OFF_K + s * KV_TILE);
             wg_wait<0>();
             wg_pin(sc);
@@ -279,6 +310,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
         /* S of tile it is in flight with P V of tile it - 1, and the softmax of tile it runs
            while that product finishes: the exponentials overlap the tensor cores */
         mbar_wait(bar_full, phase(0));
+        clear_tail(0);
         my_turn();
         issue_s(sc, base + OFF_K);
         your_turn();
@@ -288,6 +320,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
         for (int it = 1; it < ntiles; it++) {
             const int s = slot(it), sp = slot(it - 1);
             mbar_wait(bar_full + 8 * s, phase(it));
+            clear_tail(it);
             my_turn();
             issue_s(sc, base + OFF_K + s * KV_TILE);
             issue_pv(pa, base + OFF_V + sp * KV_TILE);
@@ -325,13 +358,14 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
         const float lt = quad_sum(l[hr]);
         const float inv = lt > 0.f ? 1.f / lt : 0.f;
         if (row >= sq) continue;
-        T *orow = (T *)a.o + (int64_t)b * a.o_sb + (int64_t)row * a.o_st + (int64_t)h * a.o_sh;
+        T *orow = (T *)a.o + (int64_t)bo * a.o_sb + (int64_t)(q0 + row) * a.o_st +
+                  (int64_t)h * a.o_sh;
 #pragma unroll
         for (int j = 0; j < NO; j++)
             *(uint32_t *)(orow + 8 * j + 2 * t4) =
                 pack2<T>(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
         if (a.lse && t4 == 0)
-            a.lse[(int64_t)b * a.lse_sb + (int64_t)h * a.lse_sh + (int64_t)row * a.lse_st] =
+            a.lse[(int64_t)bo * a.lse_sb + (int64_t)h * a.lse_sh + (int64_t)(q0 + row) * a.lse_st] =
                 lt > 0.f ? m[hr] * 0.6931471805599453f + logf(lt) : -INFINITY;
     }
 #endif
@@ -399,8 +433,7 @@ const char *refusal(const fa_problem *p, const fa_cuda_launch *l) {
     if (l->cc != 90) return "not an sm_90 GPU";
     const int D = kernel_dim(p->d);
     if (!D) return "head dims other than 64, 128, 256 (not yet)";
-    if (p->cu_q) return "varlen (not yet)";
-    if (p->batch > 1 && (p->q.sb == 0 || p->k.sb == 0 || p->v.sb == 0))
+    if (!p->cu_q && p->batch > 1 && (p->q.sb == 0 || p->k.sb == 0 || p->v.sb == 0))
         return "a batch stride of 0";
     if (smem_for(D) > l->smem_optin) return "shared memory";
     if (!has_sm90a<Tiles<128>::C>()) return "this build (no sm_90a code)";
@@ -443,11 +476,12 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     const int D = kernel_dim(p->d), BN = bn_for(D);
     Args a;
     memset(&a, 0, sizeof a);
-    CUresult r = make_map(&a.tq, &p->q, p->dtype, D, p->heads_q, p->seqlen_q, p->batch, 64);
-    if (r == CUDA_SUCCESS)
-        r = make_map(&a.tk, &p->k, p->dtype, D, p->heads_kv, p->seqlen_k, p->batch, BN);
-    if (r == CUDA_SUCCESS)
-        r = make_map(&a.tv, &p->v, p->dtype, D, p->heads_kv, p->seqlen_k, p->batch, BN);
+    /* varlen: one sequence of all the tokens, batch 1 */
+    const int64_t nb = p->cu_q ? 1 : p->batch;
+    const int64_t tq = p->cu_q ? p->total_q : p->seqlen_q, tk = p->cu_q ? p->total_k : p->seqlen_k;
+    CUresult r = make_map(&a.tq, &p->q, p->dtype, D, p->heads_q, tq, nb, 64);
+    if (r == CUDA_SUCCESS) r = make_map(&a.tk, &p->k, p->dtype, D, p->heads_kv, tk, nb, BN);
+    if (r == CUDA_SUCCESS) r = make_map(&a.tv, &p->v, p->dtype, D, p->heads_kv, tk, nb, BN);
     if (r != CUDA_SUCCESS) {
         snprintf(l->msg, sizeof l->msg,
                  "the sm90 forward does not take these strides (tensor map error %d)", (int)r);
@@ -457,6 +491,8 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.lse = (float *)p->lse;
     a.o_sb = p->o.sb, a.o_st = p->o.st, a.o_sh = p->o.sh;
     a.lse_sb = p->lse_sb, a.lse_sh = p->lse_sh, a.lse_st = p->lse_st;
+    a.cu_q = p->cu_q;
+    a.cu_k = p->cu_k;
     a.seqlen_q = (int)p->seqlen_q;
     a.seqlen_k = (int)p->seqlen_k;
     a.group = (int)p->group;
