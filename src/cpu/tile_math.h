@@ -259,6 +259,9 @@ FA_TM_INLINE void fa_tm_mk(int mr, int nv, int add, int kdim, const float *restr
 #pragma GCC unroll 4
         for (int v = 0; v < nv; v++)
             acc[r][v] = add ? fa_vload(c + r * ldc + v * FA_VW) : (fa_vf){0};
+    /* two k steps per loop trip: +3% on the d128 forward (the loop's own add/cmp/branch and
+       the pointer updates were a few percent of a step's 34 instructions) */
+#pragma GCC unroll 2
     for (int k = 0; k < kdim; k++) {
         const float *restrict bk = b + k * ldb;
         const float *restrict ak = a + k * aks;
