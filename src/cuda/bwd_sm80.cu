@@ -133,11 +133,6 @@ Plan make_plan(const fa_problem *p, const fa_cuda_launch *l) {
     return pl;
 }
 
-const char *mask_name(const fa_problem *p) {
-    if (p->causal) return p->win_left < 0 ? "_causal" : "_causal_local";
-    return (p->win_left >= 0 || p->win_right >= 0) ? "_local" : "";
-}
-
 fa_status fail(fa_cuda_launch *l, cudaError_t e, const char *what) {
     snprintf(l->msg, sizeof l->msg, "%s (%s): %s", l->kernel, what, cudaGetErrorString(e));
     return FA_ERR_CUDA;
@@ -153,7 +148,7 @@ extern "C" fa_status fa_sm80_bwd(const fa_problem *p, fa_cuda_launch *l) {
     const Plan pl = make_plan(p, l);
     const bool det = p->deterministic != 0;
     snprintf(l->kernel, sizeof l->kernel, "sm80_bwd_d%d_%s%s%s", pl.D, fa_dtype_name(p->dtype),
-             mask_name(p), det ? "_det" : "");
+             fa_cuda_mask_name(p), det ? "_det" : "");
     l->tile_q = pl.bm;
     l->tile_k = pl.bn;
     l->threads = 256;

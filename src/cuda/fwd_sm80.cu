@@ -6,6 +6,11 @@
 
 #include "fwd_sm80.cuh"
 
+extern "C" const char *fa_cuda_mask_name(const fa_problem *p) {
+    if (p->causal) return p->win_left < 0 ? "_causal" : "_causal_local";
+    return (p->win_left >= 0 || p->win_right >= 0) ? "_local" : "";
+}
+
 extern "C" int fa_cuda_kernel_dim(int64_t d) {
     static const int dims[] = {32, 64, 96, 128, 192, 256};
     for (int D : dims)
@@ -28,11 +33,6 @@ cudaError_t run_dim(int D, const fa::FwdArgs &a, int batch, int heads, int max_s
     }
 }
 
-/* "causal", "local" (any other window), or "" */
-const char *mask_name(const fa_problem *p) {
-    if (p->causal) return p->win_left < 0 ? "_causal" : "_causal_local";
-    return (p->win_left >= 0 || p->win_right >= 0) ? "_local" : "";
-}
 
 } // namespace
 
@@ -64,7 +64,7 @@ extern "C" fa_status fa_sm80_fwd(const fa_problem *p, fa_cuda_launch *l) {
                         ? run_dim<__nv_bfloat16>(D, a, batch, heads, max_sq, l->smem_optin, st, &shape)
                         : run_dim<__half>(D, a, batch, heads, max_sq, l->smem_optin, st, &shape);
     snprintf(l->kernel, sizeof l->kernel, "sm80_fwd_d%d_%s%s", D, fa_dtype_name(p->dtype),
-             mask_name(p));
+             fa_cuda_mask_name(p));
     l->tile_q = shape.bm;
     l->tile_k = shape.bn;
     l->threads = shape.threads;

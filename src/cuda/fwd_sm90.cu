@@ -401,12 +401,6 @@ CUresult make_map(CUtensorMap *m, const fa_operand *op, fa_dtype dt, int64_t d, 
                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
-/* "_causal", "_causal_local" (a causal window), "_local" (any other window) or "" */
-const char *mask_name(const fa_problem *p) {
-    if (p->causal) return p->win_left < 0 ? "_causal" : "_causal_local";
-    return (p->win_left >= 0 || p->win_right >= 0) ? "_local" : "";
-}
-
 /* The kernel dimension for p's head dim, 0 for none. */
 int kernel_dim(int64_t d) { return d == 64 || d == 128 || d == 256 ? (int)d : 0; }
 
@@ -512,7 +506,7 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
                 ? launch_dim<__nv_bfloat16>(D, a, ov, mblocks, (int)p->heads_q, (int)p->batch, st)
                 : launch_dim<__half>(D, a, ov, mblocks, (int)p->heads_q, (int)p->batch, st);
     snprintf(l->kernel, sizeof l->kernel, "sm90_fwd_d%d_%s%s%s", D, fa_dtype_name(p->dtype),
-             mask_name(p), sched_name[ov]);
+             fa_cuda_mask_name(p), sched_name[ov]);
     l->tile_q = BM;
     l->tile_k = BN;
     l->threads = THREADS;

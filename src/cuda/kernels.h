@@ -35,6 +35,10 @@ typedef struct fa_cuda_launch {
    next larger one with the extra columns zero-filled on load and not stored. */
 int fa_cuda_kernel_dim(int64_t d); /* 0 when d > 256 */
 
+/* The mask part of a kernel name: "_causal", "_causal_local" (a causal window), "_local" (any
+   other window) or "" (cuda/fwd_sm80.cu). */
+const char *fa_cuda_mask_name(const fa_problem *p);
+
 /* Checks device cu_seqlens (cuda/varlen_check.cu) using 16 bytes of ws; synchronises the
    stream. Returns FA_ERR_VARLEN (with msg) for a bad array, else the longest sequences. */
 fa_status fa_cuda_varlen_check(const fa_problem *p, int64_t total_q, int64_t total_k, void *ws,
