@@ -395,21 +395,22 @@ CUresult make_map(CUtensorMap *m, const fa_operand *op, fa_dtype dt, int64_t d, 
     const int64_t sh = heads > 1 ? op->sh : d, sb = batch > 1 ? op->sb : op->st * tokens;
     const cuuint64_t strides[3] = {(cuuint64_t)sh * 2, (cuuint64_t)op->st * 2, (cuuint64_t)sb * 2};
     const cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1}, estr[4] = {1, 1, 1, 1};
-    return encode_fn()(m, dt == FA_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                       4, op->data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const CUtensorMapDataType type =
+        dt == FA_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    return encode_fn()(m, type, 4, op->data, dims, strides, box, estr,
+                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
 /* The kernel dimension for p's head dim, 0 for none. */
 int kernel_dim(int64_t d) { return d == 64 || d == 128 || d == 256 ? (int)d : 0; }
 
-template <typename C> size_t smem_of() { return C::SMEM; }
 size_t smem_for(int D) {
-    return D == 64 ? smem_of<Tiles<64>::C>() : D == 128 ? smem_of<Tiles<128>::C>()
-                                                         : smem_of<Tiles<256>::C>();
+    return D == 64 ? Tiles<64>::C::SMEM : D == 128 ? Tiles<128>::C::SMEM : Tiles<256>::C::SMEM;
 }
-int bn_for(int D) { return D == 64 ? Tiles<64>::C::BN : D == 128 ? Tiles<128>::C::BN : Tiles<256>::C::BN; }
+int bn_for(int D) {
+    return D == 64 ? Tiles<64>::C::BN : D == 128 ? Tiles<128>::C::BN : Tiles<256>::C::BN;
+}
 
 /* Whether this build holds sm_90a code for the kernel (a build without it has only the empty
    body of the other targets' pass). */
@@ -448,12 +449,12 @@ cudaError_t launch(const Args &a, int sched, int mblocks, int heads, int batch, 
 }
 
 template <typename T>
-cudaError_t launch_dim(int D, const Args &a, int ov, int mblocks, int heads, int batch,
+cudaError_t launch_dim(int D, const Args &a, int sched, int mblocks, int heads, int batch,
                        cudaStream_t st) {
     switch (D) {
-    case 64: return launch<T, Tiles<64>::C>(a, ov, mblocks, heads, batch, st);
-    case 128: return launch<T, Tiles<128>::C>(a, ov, mblocks, heads, batch, st);
-    default: return launch<T, Tiles<256>::C>(a, ov, mblocks, heads, batch, st);
+    case 64: return launch<T, Tiles<64>::C>(a, sched, mblocks, heads, batch, st);
+    case 128: return launch<T, Tiles<128>::C>(a, sched, mblocks, heads, batch, st);
+    default: return launch<T, Tiles<256>::C>(a, sched, mblocks, heads, batch, st);
     }
 }
 
@@ -493,20 +494,20 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.m = fa::score_mods_of(p);
 
     /* bring-up switch until the GPU has chosen: FLASHATTN_SM90_SCHEDULE=overlap|pingpong */
-    const char *sched = getenv("FLASHATTN_SM90_SCHEDULE");
-    const int ov = !sched ? PLAIN : strcmp(sched, "overlap") == 0    ? OVERLAP
-                                  : strcmp(sched, "pingpong") == 0 ? PINGPONG
-                                                                     : PLAIN;
+    const char *env = getenv("FLASHATTN_SM90_SCHEDULE");
+    const int sched = !env ? PLAIN : strcmp(env, "overlap") == 0    ? OVERLAP
+                                   : strcmp(env, "pingpong") == 0 ? PINGPONG
+                                                                    : PLAIN;
     static const char *const sched_name[] = {"", "_overlap", "_pingpong"};
     const int mblocks = (int)((p->seqlen_q + BM - 1) / BM);
     const cudaStream_t st = (cudaStream_t)l->stream;
     cudaError_t e = cudaSuccess;
     if (mblocks > 0)
         e = p->dtype == FA_DTYPE_BF16
-                ? launch_dim<__nv_bfloat16>(D, a, ov, mblocks, (int)p->heads_q, (int)p->batch, st)
-                : launch_dim<__half>(D, a, ov, mblocks, (int)p->heads_q, (int)p->batch, st);
+                ? launch_dim<__nv_bfloat16>(D, a, sched, mblocks, (int)p->heads_q, (int)p->batch, st)
+                : launch_dim<__half>(D, a, sched, mblocks, (int)p->heads_q, (int)p->batch, st);
     snprintf(l->kernel, sizeof l->kernel, "sm90_fwd_d%d_%s%s%s", D, fa_dtype_name(p->dtype),
-             fa_cuda_mask_name(p), sched_name[ov]);
+             fa_cuda_mask_name(p), sched_name[sched]);
     l->tile_q = BM;
     l->tile_k = BN;
     l->threads = THREADS;
