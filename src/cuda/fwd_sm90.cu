@@ -6,7 +6,7 @@
  *     tiles of BN keys into a ring of STAGES slots in shared memory, by the copy engine (TMA,
  *     128-byte swizzle, zero fill past the tensor's end), each slot's copies completing on its
  *     `full` mbarrier; it waits on the slot's `empty` mbarrier before refilling it. It gives
- *     its registers away (setmaxnreg) and keeps 24.
+ *     its registers away (setmaxnreg) and keeps 40.
  *   warpgroups 1 and 2, the consumers: 64 query rows each. Per key tile:
  *       S = Q K^T      wgmma m64n{BN}k16, A and B from shared memory (K-major), D/16 k-steps
  *       mask / online softmax in registers (running max and sum, O rescaled), P to 16 bits
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
     __syncthreads();
 
     if (wg == 0) {
-        regs_dec<24>();
+        regs_dec<40>();
         if (tid == 0) {
             mbar_expect_tx(bar_q, 2 * Q_WG);
             for (int c = 0; c < 2; c++)
@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
         }
         return;
     }
-    regs_inc<240>();
+    regs_inc<232>();
 
     /* ---- consumer warpgroup c: query rows row0 + 64 c .. + 63 ---- */
     const int c = wg - 1, wtid = tid - 128 * wg, warp = wtid / 32, lane = wtid % 32;
