@@ -211,42 +211,34 @@ static void accumulate(const ktile *t, const amx_bufs *B, int k0, int k1, int nq
 /* ---- softmax ---- */
 
 /*
- * 2^t for the probabilities: t = n + f with n = round(t), 2^f on [-1/2, 1/2] by a degree-5
- * polynomial (relative error 2e-7, fitted for this range), 2^n applied by vscalefps. 10
- * instructions where fa_vexp takes 15: this is the kernel's critical path. Results that would
- * be subnormal (t <= -125) are 0: masked keys (t = -inf) give exactly 0, and no instruction
- * produces a subnormal, which costs a microcode assist of ~100 cycles per vector (the masked
- * half of every diagonal tile would pay it). NaN stays NaN (the compare is unordered-true).
+ * 2^t = 2^n 2^f with n = round(t) and 2^f on [-1/2, 1/2] by a polynomial (coefficients c,
+ * highest power first), 2^n applied by vscalefps. Results that would be subnormal
+ * (t <= -125) are 0: masked keys (t = -inf) give exactly 0, and no instruction produces a
+ * subnormal, which costs a microcode assist of ~100 cycles per vector (the masked half of every
+ * diagonal tile would pay it). NaN stays NaN (the compare is unordered-true).
  */
-FA_TM_INLINE __m512 exp2_poly(__m512 t) {
+FA_TM_INLINE __m512 exp2_by(__m512 t, const float *c, int deg) {
     const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-125.0f), _CMP_NLE_UQ);
     const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_set1_ps(1.3276472e-3f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6755419e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5507131e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022120e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314694e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000001f));
+    __m512 p = _mm512_set1_ps(c[0]);
+    for (int i = 1; i <= deg; i++) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c[i]));
     return _mm512_maskz_scalef_ps(normal, p, n);
 }
 
-/*
- * 2^t for the probabilities themselves, which are rounded to bf16 (8 significant bits) before
- * the P V product: a degree-3 polynomial (relative error 7.5e-5, 16x below that rounding;
- * fitted for [-1/2, 1/2]) saves two FMAs of the critical path. Their row sums use the same
- * values, so O = sum(P V) / sum(P) stays consistent; the LSE moves by at most 7.5e-5.
- */
-FA_TM_INLINE __m512 exp2_p(__m512 t) {
-    const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-125.0f), _CMP_NLE_UQ);
-    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_set1_ps(5.517259134e-2f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.426137087e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.932610297e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.999278607e-1f));
-    return _mm512_maskz_scalef_ps(normal, p, n);
-}
+/* Degree 5 (relative error 2e-7, fitted for [-1/2, 1/2]): 10 instructions where fa_vexp takes
+   15, for the rescale factors of the running max. */
+static const float EXP2_DEG5[6] = {1.3276472e-3f, 9.6755419e-3f, 5.5507131e-2f,
+                                   2.4022120e-1f, 6.9314694e-1f, 1.0000001f};
+FA_TM_INLINE __m512 exp2_poly(__m512 t) { return exp2_by(t, EXP2_DEG5, 5); }
+
+/* Degree 3 (relative error 7.5e-5) for the probabilities themselves, which are rounded to bf16
+   (8 significant bits) before the P V product: two FMAs fewer on the kernel's critical path.
+   Their row sums use the same values, so O = sum(P V) / sum(P) stays consistent; the LSE
+   moves by at most 7.5e-5. */
+static const float EXP2_DEG3[4] = {5.517259134e-2f, 2.426137087e-1f, 6.932610297e-1f,
+                                   9.999278607e-1f};
+FA_TM_INLINE __m512 exp2_p(__m512 t) { return exp2_by(t, EXP2_DEG3, 3); }
 
 /*
  * The running max moves only when a strip's max exceeds it by more than LAZY (natural-log
