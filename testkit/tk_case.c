@@ -542,7 +542,7 @@ int tk_run_case(const tk_case *c, const tk_opts *opts, uint64_t seed, tk_report 
     }
 
 done:
-    if (!ok)
+    if (!ok || opts->verbose)
         addf(r, "  kernels: fwd %s, bwd %s; rerun with FLASHATTN_TEST_SEED=%llu\n",
              r->kernel_fwd[0] ? r->kernel_fwd : "-", r->kernel_bwd[0] ? r->kernel_bwd : "-",
              (unsigned long long)seed);
