@@ -58,7 +58,7 @@ template <int D_, int BN_, int STAGES_> struct Cfg {
     static constexpr uint32_t KV_PANEL = BN * 128, KV_TILE = PANELS * KV_PANEL;
     static constexpr uint32_t OFF_K = 2 * Q_WG, OFF_V = OFF_K + STAGES * KV_TILE;
     static constexpr uint32_t OFF_BAR = OFF_V + STAGES * KV_TILE;
-    static constexpr size_t SMEM = OFF_BAR + 8 * (1 + 2 * STAGES) + 1024; /* + aligning */
+    static constexpr size_t SMEM = OFF_BAR + 8 * (2 + 4 * STAGES) + 1024; /* + aligning */
     static_assert(D % 64 == 0 && BN % 64 == 0 && KV_PANEL % 1024 == 0, "1024-byte tiles");
 };
 template <int D> struct Tiles;
@@ -73,11 +73,65 @@ struct Args {
     int64_t o_sb, o_st, o_sh, lse_sb, lse_sh, lse_st;
     const int *cu_q, *cu_k; /* varlen: token offsets (the maps then span all tokens, batch 1) */
     int seqlen_q, seqlen_k, group;
+    int heads, batch, mblocks, tiles, group_hb; /* work tiles: tile_of */
     ScoreMods m; /* windows (causal: right window 0, bottom-right), scale, softcap, ALiBi */
 };
 
 /* consumer schedules (bring-up: FLASHATTN_SM90_SCHEDULE picks one until the GPU has chosen) */
 enum Schedule { PLAIN = 0, OVERLAP = 1, PINGPONG = 2 };
+
+/* One work tile: query block m of head h in sequence b, and the key tiles it visits. */
+struct Tile {
+    int h, b, bt, bo;  /* head, sequence; the maps' batch coordinate, o's and lse's batch */
+    int q0, k0, sq, sk; /* the sequence's first query and key tokens (varlen) and lengths */
+    int row0, diag;     /* first query row; sk - sq (masks align bottom-right) */
+    int t_first, ntiles; /* key tiles t_first .. t_first + ntiles - 1 */
+    int lo_max, hi_min;  /* keys in [lo_max, hi_min) are visible to every row of the block */
+};
+
+/* The key range [lo(i), hi(i)) of query row i, both ends non-decreasing in i (as in
+   fwd_sm80.cuh): a block visits the tiles of [lo(first row), hi(last row)), never loading the
+   others, and masks per element only tiles that cross an edge. */
+__device__ __forceinline__ int lo_of(const Args &a, const Tile &w, int i) {
+    return a.m.win_left < 0 ? 0 : max(0, i + w.diag - a.m.win_left);
+}
+__device__ __forceinline__ int hi_of(const Args &a, const Tile &w, int i) {
+    return a.m.win_right < 0 ? w.sk : min(w.sk, i + w.diag + a.m.win_right + 1);
+}
+
+/*
+ * Tile t of the launch. The order: (batch, head) pairs in groups of a.group_hb whose K and V
+ * fit in the L2 together; in a group, query blocks from the last (the longest under a causal
+ * mask) to the first, and per block the group's pairs. Blocks taken in this order (by the
+ * hardware, or in strides of the grid by the persistent launch) share K/V through the L2 and
+ * start with the longest work. False: the block lies past its (varlen) sequence.
+ */
+template <int BN>
+__device__ __forceinline__ bool tile_of(const Args &a, int t, Tile &w) {
+    const int per_group = a.group_hb * a.mblocks, grp = t / per_group, r = t - grp * per_group;
+    const int gsz = min(a.group_hb, a.heads * a.batch - grp * a.group_hb);
+    const int m_block = a.mblocks - 1 - r / gsz, hb = grp * a.group_hb + r % gsz;
+    w.h = hb % a.heads;
+    w.b = hb / a.heads;
+    w.q0 = 0, w.k0 = 0, w.sq = a.seqlen_q, w.sk = a.seqlen_k, w.bt = w.b, w.bo = w.b;
+    if (a.cu_q) {
+        w.q0 = a.cu_q[w.b];
+        w.sq = a.cu_q[w.b + 1] - w.q0;
+        w.k0 = a.cu_k[w.b];
+        w.sk = a.cu_k[w.b + 1] - w.k0;
+        w.bt = w.bo = 0;
+    }
+    w.diag = w.sk - w.sq;
+    w.row0 = m_block * BM;
+    if (w.row0 >= w.sq) return false;
+    const int last_row = min(w.row0 + BM, w.sq) - 1;
+    const int n_lo = lo_of(a, w, w.row0), n_hi = hi_of(a, w, last_row);
+    w.lo_max = lo_of(a, w, last_row);
+    w.hi_min = hi_of(a, w, w.row0);
+    w.t_first = n_lo / BN;
+    w.ntiles = n_hi > n_lo ? (n_hi - 1) / BN - w.t_first + 1 : 0;
+    return true;
+}
 
 template <typename T, typename C, int SCHED>
 __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_constant__ Args a) {
@@ -87,64 +141,57 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
     constexpr uint32_t KV_TILE = C::KV_TILE, OFF_K = C::OFF_K, OFF_V = C::OFF_V;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
-    const uint32_t bar_q = base + C::OFF_BAR, bar_full = bar_q + 8, bar_empty = bar_full + 8 * STAGES;
+    /* mbarriers: Q full and Q empty; per stage K full, V full, K empty, V empty (a slot's K is
+       released after S = Q K^T, its V after P V: in the overlapped schedules these are an
+       iteration apart) */
+    const uint32_t bar_q = base + C::OFF_BAR, bar_qempty = bar_q + 8, bar_kfull = bar_q + 16;
+    const uint32_t bar_vfull = bar_kfull + 8 * STAGES, bar_kempty = bar_vfull + 8 * STAGES;
+    const uint32_t bar_vempty = bar_kempty + 8 * STAGES;
     const int tid = threadIdx.x, wg = tid / 128;
-    const int m_block = gridDim.x - 1 - blockIdx.x; /* longest causal rows first */
-    const int h = blockIdx.y, b = blockIdx.z, hk = h / a.group;
-    /* sequence b: its first query and key tokens (varlen) and lengths; bt is the maps' batch
-       coordinate, bo the batch index of o and lse */
-    int q0 = 0, k0 = 0, sq = a.seqlen_q, sk = a.seqlen_k, bt = b, bo = b;
-    if (a.cu_q) {
-        q0 = a.cu_q[b];
-        sq = a.cu_q[b + 1] - q0;
-        k0 = a.cu_k[b];
-        sk = a.cu_k[b + 1] - k0;
-        bt = bo = 0;
-    }
-    const int diag = sk - sq, row0 = m_block * BM;
-    if (row0 >= sq) return; /* varlen: a shorter sequence (the whole block leaves) */
-    /* the key range [lo(i), hi(i)) of query row i, both ends non-decreasing in i (as in
-       fwd_sm80.cuh); the block visits the tiles of [lo(first row), hi(last row)), never
-       loading the others, and masks per element only tiles that cross an edge */
-    auto lo_of = [&](int i) { return a.m.win_left < 0 ? 0 : max(0, i + diag - a.m.win_left); };
-    auto hi_of = [&](int i) {
-        return a.m.win_right < 0 ? sk : min(sk, i + diag + a.m.win_right + 1);
-    };
-    const int last_row = min(row0 + BM, sq) - 1;
-    const int n_lo = lo_of(row0), n_hi = hi_of(last_row);
-    const int lo_max = lo_of(last_row), hi_min = hi_of(row0);
-    const int t_first = n_lo / BN;
-    const int ntiles = n_hi > n_lo ? (n_hi - 1) / BN - t_first + 1 : 0;
 
     if (tid == 0) {
         mbar_init(bar_q, 1);
+        mbar_init(bar_qempty, 256);
         for (int s = 0; s < STAGES; s++) {
-            mbar_init(bar_full + 8 * s, 1);
-            mbar_init(bar_empty + 8 * s, 256);
+            mbar_init(bar_kfull + 8 * s, 1);
+            mbar_init(bar_vfull + 8 * s, 1);
+            mbar_init(bar_kempty + 8 * s, 256);
+            mbar_init(bar_vempty + 8 * s, 256);
         }
         mbar_init_fence();
     }
     __syncthreads();
+    Tile w;
 
+    /* ---- the producer: Q of each tile once both consumers are done with the previous one's,
+       then its K/V tiles from the last (the diagonal one under a causal mask) to the first
+       through the ring, whose position (`ring`) runs on across tiles ---- */
     if (wg == 0) {
         regs_dec<40>();
         if (tid == 0) {
-            mbar_expect_tx(bar_q, 2 * Q_WG);
-            for (int c = 0; c < 2; c++)
-                for (int x = 0; x < PANELS; x++)
-                    tma_load4(base + c * Q_WG + x * Q_PANEL, &a.tq, bar_q, x * 64, h,
-                              q0 + row0 + 64 * c, bt);
-            /* tiles from the last (the diagonal one under a causal mask) to the first */
-            for (int it = 0; it < ntiles; it++) {
-                const int n = t_first + ntiles - 1 - it, s = it % STAGES;
-                const uint32_t ph = (uint32_t)(it / STAGES) & 1u;
-                mbar_wait(bar_empty + 8 * s, ph ^ 1u); /* a fresh barrier passes parity 1 */
-                mbar_expect_tx(bar_full + 8 * s, 2 * KV_TILE);
-                for (int x = 0; x < PANELS; x++) {
-                    tma_load4(base + OFF_K + s * KV_TILE + x * KV_PANEL, &a.tk, bar_full + 8 * s,
-                              x * 64, hk, k0 + n * BN, bt);
-                    tma_load4(base + OFF_V + s * KV_TILE + x * KV_PANEL, &a.tv, bar_full + 8 * s,
-                              x * 64, hk, k0 + n * BN, bt);
+            int ring = 0, tc = 0;
+            for (int t = blockIdx.x; t < a.tiles; t += gridDim.x) {
+                if (!tile_of<BN>(a, t, w)) continue;
+                mbar_wait(bar_qempty, (uint32_t)(tc++ & 1) ^ 1u); /* a fresh barrier passes 1 */
+                mbar_expect_tx(bar_q, 2 * Q_WG);
+                for (int c = 0; c < 2; c++)
+                    for (int x = 0; x < PANELS; x++)
+                        tma_load4(base + c * Q_WG + x * Q_PANEL, &a.tq, bar_q, x * 64, w.h,
+                                  w.q0 + w.row0 + 64 * c, w.bt);
+                const int hk = w.h / a.group;
+                for (int it = 0; it < w.ntiles; it++, ring++) {
+                    const int n = w.t_first + w.ntiles - 1 - it, s = ring % STAGES;
+                    const uint32_t ph = (uint32_t)(ring / STAGES) & 1u;
+                    mbar_wait(bar_kempty + 8 * s, ph ^ 1u);
+                    mbar_expect_tx(bar_kfull + 8 * s, KV_TILE);
+                    for (int x = 0; x < PANELS; x++)
+                        tma_load4(base + OFF_K + s * KV_TILE + x * KV_PANEL, &a.tk,
+                                  bar_kfull + 8 * s, x * 64, hk, w.k0 + n * BN, w.bt);
+                    mbar_wait(bar_vempty + 8 * s, ph ^ 1u);
+                    mbar_expect_tx(bar_vfull + 8 * s, KV_TILE);
+                    for (int x = 0; x < PANELS; x++)
+                        tma_load4(base + OFF_V + s * KV_TILE + x * KV_PANEL, &a.tv,
+                                  bar_vfull + 8 * s, x * 64, hk, w.k0 + n * BN, w.bt);
                 }
             }
         }
@@ -152,19 +199,18 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
     }
     regs_inc<232>();
 
-    /* ---- consumer warpgroup c: query rows row0 + 64 c .. + 63 ---- */
+    /* ---- consumer warpgroup c: query rows row0 + 64 c .. + 63 of each tile ---- */
     const int c = wg - 1, wtid = tid - 128 * wg, warp = wtid / 32, lane = wtid % 32;
     const int g = lane / 4, t4 = lane % 4;
-    const int r_lo = row0 + 64 * c + 16 * warp + g; /* this thread's rows: r_lo, r_lo + 8 */
     const uint32_t sQ = base + c * Q_WG;
+    int r_lo = 0; /* this thread's rows in the tile: r_lo, r_lo + 8 */
+    int ring = 0; /* the ring position of the tile's first key tile */
 
     /* accumulators in the m16n8 C layout of each warp's 16 rows: n8 tile j holds
        (row g, columns 8j + 2t4 + 0/1) in [4j], [4j+1] and (row g + 8, ...) in [4j+2], [4j+3] */
     constexpr int NS = BN / 8, NO = D / 8; /* n8 tiles of S and of O */
     float o[D / 2];
-#pragma unroll
-    for (int i = 0; i < D / 2; i++) o[i] = 0.f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    float m[2], l[2];
 
     /* S = Q K^T into sc (zeroed first): k-step kk reads 32 bytes into the 128-byte rows of
        panel kk / 4. Issued, not waited for. */
@@ -173,12 +219,12 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
         for (int i = 0; i < BN / 2; i++) sc[i] = 0.f;
         wg_pin(sc);
         wg_fence();
+        const Desc dq = desc_sw128(sQ, 16, 1024), dk = desc_sw128(sK, 16, 1024);
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
             const uint32_t off = (kk % 4) * 32u;
-            const uint64_t da = desc_sw128(sQ + (kk / 4) * Q_PANEL + off, 16, 1024);
-            const uint64_t db = desc_sw128(sK + (kk / 4) * KV_PANEL + off, 16, 1024);
-            Wgmma<T, BN>::ss(sc, da, db, 1);
+            Wgmma<T, BN>::ss(sc, desc_at(dq, (kk / 4) * Q_PANEL + off),
+                             desc_at(dk, (kk / 4) * KV_PANEL + off), 1);
         }
         wg_commit();
     };
@@ -187,9 +233,9 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
     auto issue_pv = [&](const uint32_t (&pa)[BN / 16][4], uint32_t sV) {
         wg_pin(o);
         wg_fence();
+        const Desc dv = desc_sw128(sV, KV_PANEL, 1024);
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++)
-            Wgmma<T, D>::rs(o, pa[kk], desc_sw128(sV + kk * 16 * 128, KV_PANEL, 1024), 1);
+        for (int kk = 0; kk < BN / 16; kk++) Wgmma<T, D>::rs(o, pa[kk], desc_at(dv, kk * 16 * 128), 1);
         wg_commit();
     };
     /* Scores without softcap or ALiBi stay raw (the exponent takes scale * log2 e); with them,
@@ -199,7 +245,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
        must be multiplied by before this tile's P V. */
     const bool fancy = a.m.softcap > 0.f || a.m.alibi != nullptr; /* uniform per launch */
     const float mul = fancy ? 1.f : a.m.scale_log2;
-    const float slope = alibi_slope_log2(a.m, b, h);
+    float slope = 0.f;
     auto softmax = [&](float (&sc)[BN / 2], int kcol0, uint32_t (&pa)[BN / 16][4],
                        float (&alpha)[2]) {
         if (fancy) {
@@ -208,14 +254,15 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int col = kcol0 + 8 * j + 2 * t4 + (e & 1), row = r_lo + 8 * (e >> 1);
-                    sc[4 * j + e] = score_log2(a.m, sc[4 * j + e], slope, row + diag, col);
+                    sc[4 * j + e] = score_log2(a.m, sc[4 * j + e], slope, row + w.diag, col);
                 }
         }
-        if (!(kcol0 >= lo_max && kcol0 + BN <= hi_min)) {
+        if (!(kcol0 >= w.lo_max && kcol0 + BN <= w.hi_min)) {
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
                 const int row = r_lo + 8 * hr;
-                const int lo = lo_of(row) - kcol0 - 2 * t4, hi = hi_of(row) - kcol0 - 2 * t4;
+                const int lo = lo_of(a, w, row) - kcol0 - 2 * t4;
+                const int hi = hi_of(a, w, row) - kcol0 - 2 * t4;
 #pragma unroll
                 for (int j = 0; j < NS; j++)
 #pragma unroll
@@ -253,9 +300,12 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             o[4 * j + 3] *= alpha[1];
         }
     };
-    auto slot = [&](int it) { return it % STAGES; };
-    auto phase = [&](int it) { return (uint32_t)(it / STAGES) & 1u; };
-    auto key0 = [&](int it) { return (t_first + ntiles - 1 - it) * BN; };
+    /* key tile it of the current tile: its ring slot and phase, first key, shared memory */
+    auto slot = [&](int it) { return (ring + it) % STAGES; };
+    auto phase = [&](int it) { return (uint32_t)((ring + it) / STAGES) & 1u; };
+    auto key0 = [&](int it) { return (w.t_first + w.ntiles - 1 - it) * BN; };
+    auto k_smem = [&](int it) { return base + OFF_K + slot(it) * KV_TILE; };
+    auto v_smem = [&](int it) { return base + OFF_V + slot(it) * KV_TILE; };
 
     /* Varlen: the rows of a tile past its sequence's last key hold the next sequence's tokens
        (the copy engine zero-fills only past the whole tensor). Their probabilities are 0, but
@@ -263,24 +313,31 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
        matter; both consumers write the same zeros), made visible to the tensor cores, and the
        warpgroup synchronises on its named barrier (3 + c) before its products read them. */
     auto clear_tail = [&](int it) {
-        const int valid = sk - key0(it);
+        const int valid = w.sk - key0(it);
         if (!a.cu_q || valid >= BN) return;
-        const uint32_t sV = base + OFF_V + slot(it) * KV_TILE;
         for (int i = wtid; i < PANELS * (BN - valid) * 8; i += 128) {
             const int x = i / ((BN - valid) * 8), rest = i % ((BN - valid) * 8);
-            const uint32_t addr = sV + x * KV_PANEL + (valid + rest / 8) * 128 + (rest % 8) * 16;
+            const uint32_t addr = v_smem(it) + x * KV_PANEL + (valid + rest / 8) * 128 + (rest % 8) * 16;
             asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0u) : "memory");
         }
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         asm volatile("bar.sync %0, 128;\n" ::"r"(3 + c) : "memory");
     };
+    /* waits for key tile it's K (or V) and gives the slot back once this thread's products
+       have read it; V waits also zero its varlen tail */
+    auto wait_k = [&](int it) { mbar_wait(bar_kfull + 8 * slot(it), phase(it)); };
+    auto wait_v = [&](int it) {
+        mbar_wait(bar_vfull + 8 * slot(it), phase(it));
+        clear_tail(it);
+    };
+    auto free_k = [&](int it) { mbar_arrive(bar_kempty + 8 * slot(it)); };
+    auto free_v = [&](int it) { mbar_arrive(bar_vempty + 8 * slot(it)); };
 
-    mbar_wait(bar_q, 0);
     float sc[BN / 2], alpha[2];
     uint32_t pa[BN / 16][4];
     /* PINGPONG: the two consumers take turns issuing their products (named barriers 1 and 2,
        256 threads: one consumer syncs, the other arrives), so one's softmax runs while the
-       other's products hold the tensor cores */
+       other's products hold the tensor cores; the turns run on across tiles */
     const int my_bar = 1 + c, other_bar = 2 - c;
     auto my_turn = [&]() {
         if (SCHED == PINGPONG) asm volatile("bar.sync %0, 256;\n" ::"r"(my_bar) : "memory");
@@ -290,84 +347,103 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
     };
     if (SCHED == PINGPONG && c == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory"); /* 0 first */
 
-    if (SCHED == PLAIN) {
-        /* each tile: S, softmax, P V, each waited for */
-        for (int it = 0; it < ntiles; it++) {
-            const int s = slot(it);
-            mbar_wait(bar_full + 8 * s, phase(it));
-            clear_tail(it);
-            issue_s(sc, base + OFF_K + s * KV_TILE);
-            wg_wait<0>();
-            wg_pin(sc);
-            softmax(sc, key0(it), pa, alpha);
-            rescale(alpha);
-            issue_pv(pa, base + OFF_V + s * KV_TILE);
-            wg_wait<0>();
-            wg_pin(o);
-            mbar_arrive(bar_empty + 8 * s); /* this thread is done with the slot */
-        }
-    } else if (ntiles > 0) {
-        /* S of tile it is in flight with P V of tile it - 1, and the softmax of tile it runs
-           while that product finishes: the exponentials overlap the tensor cores */
-        mbar_wait(bar_full, phase(0));
-        clear_tail(0);
-        my_turn();
-        issue_s(sc, base + OFF_K);
-        your_turn();
-        wg_wait<0>();
-        wg_pin(sc);
-        softmax(sc, key0(0), pa, alpha); /* O is 0: no rescale */
-        for (int it = 1; it < ntiles; it++) {
-            const int s = slot(it), sp = slot(it - 1);
-            mbar_wait(bar_full + 8 * s, phase(it));
-            clear_tail(it);
+    int tc = 0;
+    for (int t = blockIdx.x; t < a.tiles; t += gridDim.x) {
+        if (!tile_of<BN>(a, t, w)) continue;
+        const int ntiles = w.ntiles;
+        r_lo = w.row0 + 64 * c + 16 * warp + g;
+        slope = alibi_slope_log2(a.m, w.b, w.h);
+#pragma unroll
+        for (int i = 0; i < D / 2; i++) o[i] = 0.f;
+        m[0] = m[1] = -INFINITY;
+        l[0] = l[1] = 0.f;
+        mbar_wait(bar_q, (uint32_t)(tc++ & 1));
+
+        if (SCHED == PLAIN) {
+            /* each key tile: S, softmax, P V, each waited for */
+            for (int it = 0; it < ntiles; it++) {
+                wait_k(it);
+                issue_s(sc, k_smem(it));
+                wg_wait<0>();
+                wg_pin(sc);
+                free_k(it);
+                softmax(sc, key0(it), pa, alpha);
+                rescale(alpha);
+                wait_v(it);
+                issue_pv(pa, v_smem(it));
+                wg_wait<0>();
+                wg_pin(o);
+                free_v(it);
+            }
+            mbar_arrive(bar_qempty);
+        } else if (ntiles > 0) {
+            /* S of key tile it is in flight with P V of tile it - 1, and the softmax of tile it
+               runs while that product finishes: the exponentials overlap the tensor cores */
+            wait_k(0);
             my_turn();
-            issue_s(sc, base + OFF_K + s * KV_TILE);
-            issue_pv(pa, base + OFF_V + sp * KV_TILE);
+            issue_s(sc, k_smem(0));
             your_turn();
-            wg_wait<1>(); /* S(it) done; P V(it - 1) may still run, reading pa */
+            wg_wait<0>();
             wg_pin(sc);
-            uint32_t pn[BN / 16][4];
-            softmax(sc, key0(it), pn, alpha);
+            free_k(0);
+            softmax(sc, key0(0), pa, alpha); /* O is 0: no rescale */
+            for (int it = 1; it < ntiles; it++) {
+                wait_k(it);
+                wait_v(it - 1);
+                my_turn();
+                issue_s(sc, k_smem(it));
+                issue_pv(pa, v_smem(it - 1));
+                your_turn();
+                wg_wait<1>(); /* S(it) done; P V(it - 1) may still run, reading pa */
+                wg_pin(sc);
+                free_k(it);
+                uint32_t pn[BN / 16][4];
+                softmax(sc, key0(it), pn, alpha);
+                wg_wait<0>();
+                wg_pin(o);
+                wg_pin(pa); /* pa's registers stay untouched until the product has read them */
+                free_v(it - 1);
+                rescale(alpha);
+#pragma unroll
+                for (int kk = 0; kk < BN / 16; kk++)
+#pragma unroll
+                    for (int r = 0; r < 4; r++) pa[kk][r] = pn[kk][r];
+            }
+            mbar_arrive(bar_qempty); /* every S of the tile has completed */
+            wait_v(ntiles - 1);
+            my_turn();
+            issue_pv(pa, v_smem(ntiles - 1));
+            your_turn();
             wg_wait<0>();
             wg_pin(o);
-            wg_pin(pa); /* pa's registers stay untouched until the product has read them */
-            mbar_arrive(bar_empty + 8 * sp);
-            rescale(alpha);
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++)
-#pragma unroll
-                for (int r = 0; r < 4; r++) pa[kk][r] = pn[kk][r];
+            wg_pin(pa);
+            free_v(ntiles - 1);
+        } else {
+            mbar_arrive(bar_qempty);
         }
-        const int sl = slot(ntiles - 1);
-        my_turn();
-        issue_pv(pa, base + OFF_V + sl * KV_TILE);
-        your_turn();
-        wg_wait<0>();
-        wg_pin(o);
-        wg_pin(pa);
-        mbar_arrive(bar_empty + 8 * sl);
+        ring += ntiles;
+
+        /* O / l and LSE = m ln2 + log l; rows past the sequence are not stored */
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int row = r_lo + 8 * hr;
+            const float lt = quad_sum(l[hr]);
+            const float inv = lt > 0.f ? 1.f / lt : 0.f;
+            if (row >= w.sq) continue;
+            T *orow = (T *)a.o + (int64_t)w.bo * a.o_sb + (int64_t)(w.q0 + row) * a.o_st +
+                      (int64_t)w.h * a.o_sh;
+#pragma unroll
+            for (int j = 0; j < NO; j++)
+                *(uint32_t *)(orow + 8 * j + 2 * t4) =
+                    pack2<T>(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
+            if (a.lse && t4 == 0)
+                a.lse[(int64_t)w.bo * a.lse_sb + (int64_t)w.h * a.lse_sh +
+                      (int64_t)(w.q0 + row) * a.lse_st] =
+                    lt > 0.f ? m[hr] * 0.6931471805599453f + logf(lt) : -INFINITY;
+        }
     }
     /* consumer 0 takes consumer 1's last turn-passing, so no barrier is left half-arrived */
     if (SCHED == PINGPONG && c == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
-
-    /* O / l and LSE = m ln2 + log l; rows past the sequence are not stored */
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        const int row = r_lo + 8 * hr;
-        const float lt = quad_sum(l[hr]);
-        const float inv = lt > 0.f ? 1.f / lt : 0.f;
-        if (row >= sq) continue;
-        T *orow = (T *)a.o + (int64_t)bo * a.o_sb + (int64_t)(q0 + row) * a.o_st +
-                  (int64_t)h * a.o_sh;
-#pragma unroll
-        for (int j = 0; j < NO; j++)
-            *(uint32_t *)(orow + 8 * j + 2 * t4) =
-                pack2<T>(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
-        if (a.lse && t4 == 0)
-            a.lse[(int64_t)bo * a.lse_sb + (int64_t)h * a.lse_sh + (int64_t)(q0 + row) * a.lse_st] =
-                lt > 0.f ? m[hr] * 0.6931471805599453f + logf(lt) : -INFINITY;
-    }
 #endif
 }
 
@@ -437,25 +513,33 @@ const char *refusal(const fa_problem *p, const fa_cuda_launch *l) {
 }
 
 template <typename T, typename C>
-cudaError_t launch(const Args &a, int sched, int mblocks, int heads, int batch, cudaStream_t st) {
+cudaError_t launch(const Args &a, int sched, int grid, cudaStream_t st) {
     auto kern = sched == PINGPONG  ? fwd_sm90_kernel<T, C, PINGPONG>
                 : sched == OVERLAP ? fwd_sm90_kernel<T, C, OVERLAP>
                                    : fwd_sm90_kernel<T, C, PLAIN>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)C::SMEM);
     if (e != cudaSuccess) return e;
-    kern<<<dim3(mblocks, heads, batch), THREADS, C::SMEM, st>>>(a);
+    kern<<<grid, THREADS, C::SMEM, st>>>(a);
     return cudaGetLastError();
 }
 
 template <typename T>
-cudaError_t launch_dim(int D, const Args &a, int sched, int mblocks, int heads, int batch,
-                       cudaStream_t st) {
+cudaError_t launch_dim(int D, const Args &a, int sched, int grid, cudaStream_t st) {
     switch (D) {
-    case 64: return launch<T, Tiles<64>::C>(a, sched, mblocks, heads, batch, st);
-    case 128: return launch<T, Tiles<128>::C>(a, sched, mblocks, heads, batch, st);
-    default: return launch<T, Tiles<256>::C>(a, sched, mblocks, heads, batch, st);
+    case 64: return launch<T, Tiles<64>::C>(a, sched, grid, st);
+    case 128: return launch<T, Tiles<128>::C>(a, sched, grid, st);
+    default: return launch<T, Tiles<256>::C>(a, sched, grid, st);
     }
+}
+
+/* bring-up switches until the GPU has chosen: FLASHATTN_SM90_<name>=<one of vals> (index),
+   else 0 */
+int env_choice(const char *name, const char *const *vals, int n) {
+    const char *e = getenv(name);
+    for (int i = 0; e && i < n; i++)
+        if (strcmp(e, vals[i]) == 0) return i;
+    return 0;
 }
 
 } // namespace sm90
@@ -493,21 +577,40 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.group = (int)p->group;
     a.m = fa::score_mods_of(p);
 
-    /* bring-up switch until the GPU has chosen: FLASHATTN_SM90_SCHEDULE=overlap|pingpong */
-    const char *env = getenv("FLASHATTN_SM90_SCHEDULE");
-    const int sched = !env ? PLAIN : strcmp(env, "overlap") == 0    ? OVERLAP
-                                   : strcmp(env, "pingpong") == 0 ? PINGPONG
-                                                                    : PLAIN;
+    /* the work tiles (tile_of): pairs grouped so that a group's K and V take at most 24 MB
+       of the L2 (the H100 has 50 MB) */
+    a.heads = (int)p->heads_q;
+    a.batch = (int)p->batch;
+    a.mblocks = (int)((p->seqlen_q + BM - 1) / BM);
+    const int64_t tiles = (int64_t)a.mblocks * a.heads * a.batch;
+    const double kv_bytes = 4.0 * (double)p->seqlen_k * (double)D / (double)p->group;
+    const double fit = 24.0 * 1024 * 1024 / (kv_bytes > 1 ? kv_bytes : 1);
+    a.group_hb = (int)(fit < 1 ? 1 : fit > a.heads * a.batch ? a.heads * a.batch : fit);
+    if (tiles > INT32_MAX) {
+        snprintf(l->msg, sizeof l->msg, "the sm90 forward takes at most 2^31 query blocks");
+        return FA_ERR_UNSUPPORTED;
+    }
+    a.tiles = (int)tiles;
+
+    /* bring-up switches: FLASHATTN_SM90_SCHEDULE=plain|overlap|pingpong, and
+       FLASHATTN_SM90_GRID=persistent|tiles|<n>: one block per SM looping over the tiles, one
+       block per tile, or at most n blocks looping (the tests use a small n so that every
+       block takes several tiles) */
+    static const char *const sched_vals[] = {"plain", "overlap", "pingpong"};
+    static const char *const grid_vals[] = {"persistent", "tiles"};
+    const int sched = env_choice("FLASHATTN_SM90_SCHEDULE", sched_vals, 3);
+    const int persistent = env_choice("FLASHATTN_SM90_GRID", grid_vals, 2) == 0;
     static const char *const sched_name[] = {"", "_overlap", "_pingpong"};
-    const int mblocks = (int)((p->seqlen_q + BM - 1) / BM);
+    const char *genv = getenv("FLASHATTN_SM90_GRID");
+    const int blocks = genv && atoi(genv) > 0 ? atoi(genv) : l->num_sms > 0 ? l->num_sms : 1;
+    const int grid = persistent && a.tiles > blocks ? blocks : a.tiles;
     const cudaStream_t st = (cudaStream_t)l->stream;
     cudaError_t e = cudaSuccess;
-    if (mblocks > 0)
-        e = p->dtype == FA_DTYPE_BF16
-                ? launch_dim<__nv_bfloat16>(D, a, sched, mblocks, (int)p->heads_q, (int)p->batch, st)
-                : launch_dim<__half>(D, a, sched, mblocks, (int)p->heads_q, (int)p->batch, st);
-    snprintf(l->kernel, sizeof l->kernel, "sm90_fwd_d%d_%s%s%s", D, fa_dtype_name(p->dtype),
-             fa_cuda_mask_name(p), sched_name[sched]);
+    if (a.tiles > 0)
+        e = p->dtype == FA_DTYPE_BF16 ? launch_dim<__nv_bfloat16>(D, a, sched, grid, st)
+                                      : launch_dim<__half>(D, a, sched, grid, st);
+    snprintf(l->kernel, sizeof l->kernel, "sm90_fwd_d%d_%s%s%s%s", D, fa_dtype_name(p->dtype),
+             fa_cuda_mask_name(p), sched_name[sched], persistent ? "" : "_tiles");
     l->tile_q = BM;
     l->tile_k = BN;
     l->threads = THREADS;

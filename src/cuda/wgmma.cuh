@@ -76,10 +76,23 @@ template <int N> __device__ __forceinline__ void regs_inc() {
  * rows), leading unused (1); a k16 step inside the 128-byte row moves the start by 32 bytes.
  * MN-major operands (imm-trans 1): leading = the distance to the next 64 elements of M/N,
  * stride = 1024 (the next 8 rows of K).
+ *
+ * The kernels step one base descriptor through a tile with compile-time byte offsets: the
+ * start address (a CTA shared-memory offset, < 2^18, so its 16-byte units fit the 14-bit
+ * field) sits in the low word with the leading offset, and an offset is added to that word
+ * alone, so a step is one 32-bit add instead of the masks and shifts of a fresh descriptor.
  */
-__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr, uint32_t lead, uint32_t stride) {
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lead >> 4) & 0x3FFF) << 16) |
-           ((uint64_t)((stride >> 4) & 0x3FFF) << 32) | ((uint64_t)1 << 62);
+struct Desc {
+    uint32_t lo, hi;
+};
+__device__ __forceinline__ Desc desc_sw128(uint32_t addr, uint32_t lead, uint32_t stride) {
+    return Desc{(addr >> 4) | ((lead >> 4) << 16), (stride >> 4) | (1u << 30)};
+}
+/* the descriptor of the tile `byte_off` bytes past d's start */
+__device__ __forceinline__ uint64_t desc_at(Desc d, uint32_t byte_off) {
+    uint64_t r;
+    asm("mov.b64 %0, {%1, %2};\n" : "=l"(r) : "r"(d.lo + (byte_off >> 4)), "r"(d.hi));
+    return r;
 }
 
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
