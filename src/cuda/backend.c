@@ -200,12 +200,6 @@ static void record(fa_context *ctx, const char *op, const fa_cuda_launch *l, siz
 
 /* ---- the table ---- */
 
-static fa_status cuda_fwd_workspace(fa_context *ctx, const fa_problem *p, size_t *bytes) {
-    TRY(check_problem(ctx, "fa_fwd", p, 0));
-    *bytes = p->cu_q ? WS_HEAD : 0;
-    return FA_OK;
-}
-
 /* The Hopper forward is new and runs only where FLASHATTN_CUDA_SM90=1 asks for it, until it
    has passed the GPU tests and the benchmark (issue 7); until then the sm80 kernels are the
    preferred ones everywhere, and a refusal of the sm90 kernel is recorded only when it was
@@ -213,6 +207,20 @@ static fa_status cuda_fwd_workspace(fa_context *ctx, const fa_problem *p, size_t
 static int sm90_fwd_enabled(void) {
     const char *e = getenv("FLASHATTN_CUDA_SM90");
     return e && strcmp(e, "1") == 0;
+}
+
+/* The varlen check's results, and on sm_90 the persistent grid's tile counter. */
+static size_t fwd_workspace(const fa_problem *p) {
+    char msg[256];
+    const dev_info *d = current_device(msg, sizeof msg);
+    if (d && d->cc == 90 && sm90_fwd_enabled()) return WS_HEAD + FA_SM90_FWD_WORKSPACE;
+    return p->cu_q ? WS_HEAD : 0;
+}
+
+static fa_status cuda_fwd_workspace(fa_context *ctx, const fa_problem *p, size_t *bytes) {
+    TRY(check_problem(ctx, "fa_fwd", p, 0));
+    *bytes = fwd_workspace(p);
+    return FA_OK;
 }
 
 static fa_status cuda_fwd(fa_context *ctx, const fa_problem *pin, void *ws, size_t ws_bytes) {
@@ -233,7 +241,7 @@ static fa_status cuda_fwd(fa_context *ctx, const fa_problem *pin, void *ws, size
         st = fa_sm80_fwd(&p, &l);
         if (st != FA_OK) return fa_fail(ctx, st, "fa_fwd: %s", l.msg);
     }
-    record(ctx, "fwd", &l, p.cu_q ? WS_HEAD : 0);
+    record(ctx, "fwd", &l, fwd_workspace(&p));
     if (why[0]) snprintf(ctx->sel.reason, sizeof ctx->sel.reason, "%s", why);
     return FA_OK;
 }

@@ -52,19 +52,21 @@ namespace sm90 {
 
 constexpr int BM = 128, THREADS = 384; /* 64 query rows per consumer warpgroup */
 
-template <int D_, int BN_, int STAGES_> struct Cfg {
-    static constexpr int D = D_, BN = BN_, STAGES = STAGES_, PANELS = D / 64;
+/* NQ Q buffers: with 2, the next tile's Q arrives while this one's products run */
+template <int D_, int BN_, int STAGES_, int NQ_> struct Cfg {
+    static constexpr int D = D_, BN = BN_, STAGES = STAGES_, NQ = NQ_, PANELS = D / 64;
     static constexpr uint32_t Q_PANEL = 64 * 128, Q_WG = PANELS * Q_PANEL; /* bytes */
     static constexpr uint32_t KV_PANEL = BN * 128, KV_TILE = PANELS * KV_PANEL;
-    static constexpr uint32_t OFF_K = 2 * Q_WG, OFF_V = OFF_K + STAGES * KV_TILE;
+    static constexpr uint32_t OFF_K = NQ * 2 * Q_WG, OFF_V = OFF_K + STAGES * KV_TILE;
     static constexpr uint32_t OFF_BAR = OFF_V + STAGES * KV_TILE;
-    static constexpr size_t SMEM = OFF_BAR + 8 * (2 + 4 * STAGES) + 1024; /* + aligning */
+    static constexpr uint32_t OFF_TILE = OFF_BAR + 8 * (2 * NQ + 4 * STAGES);
+    static constexpr size_t SMEM = OFF_TILE + 4 * NQ + 1024; /* + aligning */
     static_assert(D % 64 == 0 && BN % 64 == 0 && KV_PANEL % 1024 == 0, "1024-byte tiles");
 };
 template <int D> struct Tiles;
-template <> struct Tiles<64> { using C = Cfg<64, 128, 3>; };
-template <> struct Tiles<128> { using C = Cfg<128, 128, 2>; };
-template <> struct Tiles<256> { using C = Cfg<256, 64, 2>; };
+template <> struct Tiles<64> { using C = Cfg<64, 128, 3, 2>; };
+template <> struct Tiles<128> { using C = Cfg<128, 128, 2, 2>; };
+template <> struct Tiles<256> { using C = Cfg<256, 64, 2, 1>; };
 
 struct Args {
     CUtensorMap tq, tk, tv; /* (d, head, token, batch); boxes (64, 1, rows, 1): Q 64, K/V BN */
@@ -74,6 +76,7 @@ struct Args {
     const int *cu_q, *cu_k; /* varlen: token offsets (the maps then span all tokens, batch 1) */
     int seqlen_q, seqlen_k, group;
     int heads, batch, mblocks, tiles, group_hb; /* work tiles: tile_of */
+    int *counter; /* persistent grid, dynamic order: the next tile to take (zeroed per call) */
     ScoreMods m; /* windows (causal: right window 0, bottom-right), scale, softcap, ALiBi */
 };
 
@@ -133,25 +136,37 @@ __device__ __forceinline__ bool tile_of(const Args &a, int t, Tile &w) {
     return true;
 }
 
+__device__ __forceinline__ void st_shared_s32(uint32_t addr, int v) {
+    asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ int ld_shared_s32(uint32_t addr) {
+    int v;
+    asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
+
 template <typename T, typename C, int SCHED>
 __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_constant__ Args a) {
 #ifdef FA_SM90A_DEVICE
-    constexpr int D = C::D, BN = C::BN, STAGES = C::STAGES, PANELS = C::PANELS;
+    constexpr int D = C::D, BN = C::BN, STAGES = C::STAGES, NQ = C::NQ, PANELS = C::PANELS;
     constexpr uint32_t Q_PANEL = C::Q_PANEL, Q_WG = C::Q_WG, KV_PANEL = C::KV_PANEL;
     constexpr uint32_t KV_TILE = C::KV_TILE, OFF_K = C::OFF_K, OFF_V = C::OFF_V;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
-    /* mbarriers: Q full and Q empty; per stage K full, V full, K empty, V empty (a slot's K is
-       released after S = Q K^T, its V after P V: in the overlapped schedules these are an
-       iteration apart) */
-    const uint32_t bar_q = base + C::OFF_BAR, bar_qempty = bar_q + 8, bar_kfull = bar_q + 16;
-    const uint32_t bar_vfull = bar_kfull + 8 * STAGES, bar_kempty = bar_vfull + 8 * STAGES;
-    const uint32_t bar_vempty = bar_kempty + 8 * STAGES;
+    /* mbarriers: per Q buffer full and empty; per stage K full, V full, K empty, V empty (a
+       slot's K is released after S = Q K^T, its V after P V: in the overlapped schedules
+       these are an iteration apart). Per Q buffer, the tile whose Q it holds (-1: none left). */
+    const uint32_t bar_q = base + C::OFF_BAR, bar_qempty = bar_q + 8 * NQ;
+    const uint32_t bar_kfull = bar_qempty + 8 * NQ, bar_vfull = bar_kfull + 8 * STAGES;
+    const uint32_t bar_kempty = bar_vfull + 8 * STAGES, bar_vempty = bar_kempty + 8 * STAGES;
+    const uint32_t tile_slot = base + C::OFF_TILE;
     const int tid = threadIdx.x, wg = tid / 128;
 
     if (tid == 0) {
-        mbar_init(bar_q, 1);
-        mbar_init(bar_qempty, 256);
+        for (int q = 0; q < NQ; q++) {
+            mbar_init(bar_q + 8 * q, 1);
+            mbar_init(bar_qempty + 8 * q, 256);
+        }
         for (int s = 0; s < STAGES; s++) {
             mbar_init(bar_kfull + 8 * s, 1);
             mbar_init(bar_vfull + 8 * s, 1);
@@ -163,21 +178,33 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
     __syncthreads();
     Tile w;
 
-    /* ---- the producer: Q of each tile once both consumers are done with the previous one's,
-       then its K/V tiles from the last (the diagonal one under a causal mask) to the first
-       through the ring, whose position (`ring`) runs on across tiles ---- */
+    /* ---- the producer takes the tiles: the block's first is its index, then the grid's
+       stride (static) or the next of a counter (dynamic: blocks that finish early take
+       more). Per tile, once both consumers are done with the Q buffer's previous tile, it
+       writes the tile's index beside the buffer and loads its Q, then its K/V tiles from the
+       last (the diagonal one under a causal mask) to the first through the ring, whose
+       position (`ring`) runs on across tiles. ---- */
     if (wg == 0) {
         regs_dec<40>();
         if (tid == 0) {
-            int ring = 0, tc = 0;
-            for (int t = blockIdx.x; t < a.tiles; t += gridDim.x) {
-                if (!tile_of<BN>(a, t, w)) continue;
-                mbar_wait(bar_qempty, (uint32_t)(tc++ & 1) ^ 1u); /* a fresh barrier passes 1 */
-                mbar_expect_tx(bar_q, 2 * Q_WG);
+            int ring = 0, tc = 0, t = blockIdx.x;
+            auto next = [&](int t) {
+                return a.counter ? atomicAdd(a.counter, 1) + (int)gridDim.x : t + (int)gridDim.x;
+            };
+            for (;; tc++) {
+                while (t < a.tiles && !tile_of<BN>(a, t, w)) t = next(t);
+                const int qb = tc % NQ;
+                mbar_wait(bar_qempty + 8 * qb, ((uint32_t)(tc / NQ) & 1u) ^ 1u); /* fresh: 1 */
+                st_shared_s32(tile_slot + 4 * qb, t < a.tiles ? t : -1);
+                if (t >= a.tiles) {
+                    mbar_arrive(bar_q + 8 * qb);
+                    break;
+                }
+                mbar_expect_tx(bar_q + 8 * qb, 2 * Q_WG);
                 for (int c = 0; c < 2; c++)
                     for (int x = 0; x < PANELS; x++)
-                        tma_load4(base + c * Q_WG + x * Q_PANEL, &a.tq, bar_q, x * 64, w.h,
-                                  w.q0 + w.row0 + 64 * c, w.bt);
+                        tma_load4(base + (qb * 2 + c) * Q_WG + x * Q_PANEL, &a.tq, bar_q + 8 * qb,
+                                  x * 64, w.h, w.q0 + w.row0 + 64 * c, w.bt);
                 const int hk = w.h / a.group;
                 for (int it = 0; it < w.ntiles; it++, ring++) {
                     const int n = w.t_first + w.ntiles - 1 - it, s = ring % STAGES;
@@ -193,6 +220,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
                         tma_load4(base + OFF_V + s * KV_TILE + x * KV_PANEL, &a.tv,
                                   bar_vfull + 8 * s, x * 64, hk, w.k0 + n * BN, w.bt);
                 }
+                t = next(t);
             }
         }
         return;
@@ -202,7 +230,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
     /* ---- consumer warpgroup c: query rows row0 + 64 c .. + 63 of each tile ---- */
     const int c = wg - 1, wtid = tid - 128 * wg, warp = wtid / 32, lane = wtid % 32;
     const int g = lane / 4, t4 = lane % 4;
-    const uint32_t sQ = base + c * Q_WG;
+    uint32_t sQ = 0; /* this consumer's Q in the tile's buffer */
     int r_lo = 0; /* this thread's rows in the tile: r_lo, r_lo + 8 */
     int ring = 0; /* the ring position of the tile's first key tile */
 
@@ -347,17 +375,21 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
     };
     if (SCHED == PINGPONG && c == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory"); /* 0 first */
 
-    int tc = 0;
-    for (int t = blockIdx.x; t < a.tiles; t += gridDim.x) {
-        if (!tile_of<BN>(a, t, w)) continue;
+    for (int tc = 0;; tc++) {
+        const int qb = tc % NQ;
+        mbar_wait(bar_q + 8 * qb, (uint32_t)(tc / NQ) & 1u);
+        const int t = ld_shared_s32(tile_slot + 4 * qb);
+        if (t < 0) break;
+        tile_of<BN>(a, t, w); /* true: the producer passed it */
         const int ntiles = w.ntiles;
+        sQ = base + (qb * 2 + c) * Q_WG;
         r_lo = w.row0 + 64 * c + 16 * warp + g;
         slope = alibi_slope_log2(a.m, w.b, w.h);
 #pragma unroll
         for (int i = 0; i < D / 2; i++) o[i] = 0.f;
         m[0] = m[1] = -INFINITY;
         l[0] = l[1] = 0.f;
-        mbar_wait(bar_q, (uint32_t)(tc++ & 1));
+        const uint32_t qempty = bar_qempty + 8 * qb;
 
         if (SCHED == PLAIN) {
             /* each key tile: S, softmax, P V, each waited for */
@@ -375,7 +407,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
                 wg_pin(o);
                 free_v(it);
             }
-            mbar_arrive(bar_qempty);
+            mbar_arrive(qempty);
         } else if (ntiles > 0) {
             /* S of key tile it is in flight with P V of tile it - 1, and the softmax of tile it
                runs while that product finishes: the exponentials overlap the tensor cores */
@@ -409,7 +441,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
 #pragma unroll
                     for (int r = 0; r < 4; r++) pa[kk][r] = pn[kk][r];
             }
-            mbar_arrive(bar_qempty); /* every S of the tile has completed */
+            mbar_arrive(qempty); /* every S of the tile has completed */
             wait_v(ntiles - 1);
             my_turn();
             issue_pv(pa, v_smem(ntiles - 1));
@@ -419,7 +451,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             wg_pin(pa);
             free_v(ntiles - 1);
         } else {
-            mbar_arrive(bar_qempty);
+            mbar_arrive(qempty);
         }
         ring += ntiles;
 
@@ -593,24 +625,33 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.tiles = (int)tiles;
 
     /* bring-up switches: FLASHATTN_SM90_SCHEDULE=plain|overlap|pingpong, and
-       FLASHATTN_SM90_GRID=persistent|tiles|<n>: one block per SM looping over the tiles, one
-       block per tile, or at most n blocks looping (the tests use a small n so that every
-       block takes several tiles) */
+       FLASHATTN_SM90_GRID=persistent|tiles|static|dynamic|<n>. Persistent (the default): one
+       block per SM looping over the tiles, in the dynamic order where tiles differ in length
+       (masks, varlen; it needs the workspace's counter), else static; tiles: one block per
+       tile; static/dynamic: persistent in that order; n: at most n blocks (the tests use a
+       small n so that every block takes several tiles) */
     static const char *const sched_vals[] = {"plain", "overlap", "pingpong"};
-    static const char *const grid_vals[] = {"persistent", "tiles"};
+    static const char *const grid_vals[] = {"persistent", "tiles", "static", "dynamic"};
     const int sched = env_choice("FLASHATTN_SM90_SCHEDULE", sched_vals, 3);
-    const int persistent = env_choice("FLASHATTN_SM90_GRID", grid_vals, 2) == 0;
-    static const char *const sched_name[] = {"", "_overlap", "_pingpong"};
+    const int gmode = env_choice("FLASHATTN_SM90_GRID", grid_vals, 4);
+    const bool uneven = a.m.win_left >= 0 || a.m.win_right >= 0 || p->cu_q;
+    const bool dynamic = l->ws && l->ws_bytes >= 4 && (gmode == 3 || (gmode == 0 && uneven));
     const char *genv = getenv("FLASHATTN_SM90_GRID");
     const int blocks = genv && atoi(genv) > 0 ? atoi(genv) : l->num_sms > 0 ? l->num_sms : 1;
-    const int grid = persistent && a.tiles > blocks ? blocks : a.tiles;
+    const int grid = gmode != 1 && a.tiles > blocks ? blocks : a.tiles;
+    static const char *const sched_name[] = {"", "_overlap", "_pingpong"};
     const cudaStream_t st = (cudaStream_t)l->stream;
     cudaError_t e = cudaSuccess;
-    if (a.tiles > 0)
+    if (dynamic && grid < a.tiles) {
+        a.counter = (int *)l->ws;
+        e = cudaMemsetAsync(a.counter, 0, sizeof(int), st);
+    }
+    if (e == cudaSuccess && a.tiles > 0)
         e = p->dtype == FA_DTYPE_BF16 ? launch_dim<__nv_bfloat16>(D, a, sched, grid, st)
                                       : launch_dim<__half>(D, a, sched, grid, st);
     snprintf(l->kernel, sizeof l->kernel, "sm90_fwd_d%d_%s%s%s%s", D, fa_dtype_name(p->dtype),
-             fa_cuda_mask_name(p), sched_name[sched], persistent ? "" : "_tiles");
+             fa_cuda_mask_name(p), sched_name[sched],
+             grid == a.tiles ? "" : a.counter ? "_dynamic" : "_static");
     l->tile_q = BM;
     l->tile_k = BN;
     l->threads = THREADS;
