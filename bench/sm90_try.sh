@@ -1,24 +1,23 @@
 #!/usr/bin/env bash
 # bench/sm90_try.sh — one device call that tries variants of the Hopper forward against each
-# other (issue 7): build (gpu.sh's build stage); for each schedule in SCHEDULES the forward
-# test sweep on the GPU with the sm90 kernel enabled, once with the default grid and once with
-# a persistent grid of 3 blocks (every block loops over tiles), verbose so that the log names
-# the kernel of every case; then the forward bench sweep for each schedule x grid in GRIDS;
-# the peers (SDPA cuDNN and flash) once; one table of all variants beside the peers
-# (bench/variants.py).
+# other (issue 7): build (gpu.sh's build stage); for each variant the forward test sweep on the
+# GPU with the sm90 kernel enabled, once with the default grid and once with a persistent grid
+# of 3 blocks (every block loops over tiles), verbose so that the log names the kernel of
+# every case; then the forward bench sweep of each variant; the peers (SDPA cuDNN and flash)
+# once; one table of all variants beside the peers (bench/variants.py).
 #
 #   run(command="COMMIT=<sha> bash bench/sm90_try.sh", carry=[".deps"], timeout_s=600)
 #
-# Environment: SCHEDULES (default "plain overlap pingpong"), GRIDS (FLASHATTN_SM90_GRID
-# values, default "persistent"), SWEEP_ARGS (both sides, default the whole forward sweep),
-# TEST=0 skips the tests, PEERS=0 the peers, EXTRA (a command run last, output in extra.log).
+# Environment: VARIANTS, space-separated NAME=VAR=VALUE[,VAR=VALUE...] (the bring-up
+# switches of fwd_sm90.cu; default "default=FLASHATTN_SM90_SCHEDULE=overlap"), SWEEP_ARGS (both
+# sides, default the whole forward sweep), TEST=0 skips the tests, PEERS=0 the peers, EXTRA (a
+# command run last, output in extra.log).
 # Files back: summary.txt variants.md tests.log bench.log peers.json ours.json extra.log.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/fa-out}
 BUILD=${BUILD:-build-gpu}
-SCHEDULES=${SCHEDULES:-plain overlap pingpong}
-GRIDS=${GRIDS:-persistent}
+VARIANTS=${VARIANTS:-default=FLASHATTN_SM90_SCHEDULE=overlap}
 SWEEP_ARGS=${SWEEP_ARGS:-}
 COMMIT=${COMMIT:-unknown}
 mkdir -p "$OUT"
@@ -33,29 +32,36 @@ export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 grep -E "^(date|nvcc|commit)|NVIDIA H" /tmp/fa-build.log | head -n 5 | tee "$S"
 
 export FLASHATTN_CUDA_SM90=1
+# run_variant SPEC CMD...: CMD with the variant's variables set
+run_variant() {
+  local spec=$1
+  shift
+  local envs
+  IFS=, read -r -a envs <<<"${spec#*=}"
+  env "${envs[@]}" "$@"
+}
 if [ "${TEST:-1}" = 1 ]; then
-  for s in $SCHEDULES; do
+  for v in $VARIANTS; do
     for g in persistent 3; do
-      echo "=== test_fwd cuda, schedule $s, grid $g" >>"$OUT/tests.log"
-      FLASHATTN_SM90_SCHEDULE=$s FLASHATTN_SM90_GRID=$g FLASHATTN_TEST_VERBOSE=1 \
+      echo "=== test_fwd cuda, variant $v, grid $g" >>"$OUT/tests.log"
+      FLASHATTN_SM90_GRID=$g FLASHATTN_TEST_VERBOSE=1 run_variant "$v" \
         timeout -k 5 150 "$BUILD/tests/test_fwd" cuda >/tmp/t.log 2>&1
       rc=$?
       cat /tmp/t.log >>"$OUT/tests.log"
-      echo "test_fwd $s grid $g: exit $rc; $(grep -c '^\[       OK' /tmp/t.log) OK," \
+      echo "test_fwd ${v%%=*} grid $g: exit $rc; $(grep -c '^\[       OK' /tmp/t.log) OK," \
         "$(grep -c '^\[  FAILED' /tmp/t.log) FAILED; cases on sm90: $(grep -c 'fwd sm90_fwd' /tmp/t.log)" | tee -a "$S"
     done
   done
 fi
 variants=()
-for s in $SCHEDULES; do
-  for g in $GRIDS; do
-    echo "=== bench $s $g" >>"$OUT/bench.log"
-    # shellcheck disable=SC2086
-    FLASHATTN_SM90_SCHEDULE=$s FLASHATTN_SM90_GRID=$g timeout -k 5 200 "$BUILD/tools/flashattn" \
-      bench --backend cuda --sweep --op fwd $SWEEP_ARGS --json "/tmp/ours_${s}_$g.json" >>"$OUT/bench.log" 2>&1
-    echo "bench $s $g: exit $?" | tee -a "$S"
-    variants+=("${s}_$g=/tmp/ours_${s}_$g.json")
-  done
+for v in $VARIANTS; do
+  n=${v%%=*}
+  echo "=== bench $v" >>"$OUT/bench.log"
+  # shellcheck disable=SC2086
+  run_variant "$v" timeout -k 5 200 "$BUILD/tools/flashattn" bench --backend cuda --sweep --op fwd \
+    $SWEEP_ARGS --json "/tmp/ours_$n.json" >>"$OUT/bench.log" 2>&1
+  echo "bench $n: exit $?" | tee -a "$S"
+  variants+=("$n=/tmp/ours_$n.json")
 done
 unset FLASHATTN_CUDA_SM90
 if [ "${PEERS:-1}" = 1 ]; then

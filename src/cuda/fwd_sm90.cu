@@ -1,36 +1,35 @@
 /*
  * cuda/fwd_sm90.cu — the Hopper forward (sm_90a), FlashAttention-3's structure in CUDA C with
- * inline PTX (wgmma.cuh):
+ * inline PTX (wgmma.cuh). A persistent grid (one block per SM) loops over work tiles of 128
+ * query rows of one (batch, head), tile_of's order, statically or through a counter.
  *
- *   warpgroup 0, the producer: one thread issues every load. Q (128 rows) once, then K and V
- *     tiles of BN keys into a ring of STAGES slots in shared memory, by the copy engine (TMA,
- *     128-byte swizzle, zero fill past the tensor's end), each slot's copies completing on its
- *     `full` mbarrier; it waits on the slot's `empty` mbarrier before refilling it. It gives
- *     its registers away (setmaxnreg) and keeps 40.
+ *   warpgroup 0, the producer: one thread issues every load. Per work tile its Q (into one of
+ *     NQ buffers), then its K and V tiles of BN keys into a ring of STAGES slots, by the copy
+ *     engine (TMA, 128-byte swizzle, zero fill past the tensor's end), each completing on its
+ *     `full` mbarrier; it waits on the matching `empty` mbarrier before refilling a buffer. It
+ *     gives its registers away (setmaxnreg) and keeps 40.
  *   warpgroups 1 and 2, the consumers: 64 query rows each. Per key tile:
  *       S = Q K^T      wgmma m64n{BN}k16, A and B from shared memory (K-major), D/16 k-steps
  *       mask / online softmax in registers (running max and sum, O rescaled), P to 16 bits
  *                      in the A-fragment layout (C-to-A identity, ptx.cuh)
  *       O += P V       wgmma m64n{D}k16, A from registers, B = V from shared memory (MN-major)
- *     then release the slot (256 arrivals on `empty`). Schedules: PLAIN waits for each
- *     product in turn; OVERLAP issues S of tile j + 1 and P V of tile j together and runs the
- *     softmax of tile j + 1 while the latter finishes; PINGPONG adds turns between the two
- *     consumers (named barriers), so one's softmax runs under the other's products.
+ *     S of key tile j + 1 is issued with P V of tile j, and the softmax of j + 1 runs while
+ *     the latter finishes (across work tiles too); K is released after S, V after P V.
+ *     Schedule PINGPONG (a bring-up switch) adds turns between the two consumers.
  *
- * This first version serves head dims 64, 128 and 256, fp16/bf16, BSHD and varlen, every mask
- * (causal bottom-right, windows), softcap, ALiBi, GQA; fa_sm90_fwd refuses everything else
- * (other head dims, strides the copy engine cannot take) with a reason, and the dispatcher
- * then runs the sm80 kernel and records why. PLAIN is the schedule that has run on a GPU;
- * OVERLAP and PINGPONG are built and chosen only by a bring-up switch until they have (issue 7).
+ * It serves head dims 64, 128 and 256, fp16/bf16, BSHD and varlen, every mask (causal
+ * bottom-right, windows), softcap, ALiBi, GQA; fa_sm90_fwd refuses everything else (other
+ * head dims, strides the copy engine cannot take) with a reason, and the dispatcher then runs
+ * the sm80 kernel and records why.
  *
  * Shared memory (1024-byte aligned pieces): a 128-byte-swizzled tile is rows of 128 bytes = 64
  * columns, so a tile of D columns is D / 64 "panels" of 64 columns:
- *   Q   [consumer][panel][64 rows][128 B]          D / 64 x 8 KB per consumer
+ *   Q   [buffer][consumer][panel][64 rows][128 B]  D / 64 x 8 KB per consumer and buffer
  *   K   [stage][panel][BN keys][128 B]             D / 64 x BN x 128 B per stage
  *   V   [stage][panel][BN keys][128 B]             same
- *   mbarriers: q, full[STAGES], empty[STAGES]
- * Tiles per head dim (Cfg): d 64: 128 keys, 3 stages (112 KB); d 128: 128 keys, 2 stages
- * (160 KB); d 256: 64 keys, 2 stages (192 KB).
+ *   mbarriers (Q full/empty per buffer, K and V full/empty per stage), the buffers' tiles
+ * Tiles per head dim (Cfg): d 64: 128 keys, 3 stages, 2 Q buffers (128 KB); d 128: 128 keys,
+ * 2 stages, 2 Q buffers (192 KB); d 256: 64 keys, 2 stages, 1 Q buffer (192 KB).
  */
 #include <cudaTypedefs.h>
 #include <math.h>
@@ -77,11 +76,12 @@ struct Args {
     int seqlen_q, seqlen_k, group;
     int heads, batch, mblocks, tiles, group_hb; /* work tiles: tile_of */
     int *counter; /* persistent grid, dynamic order: the next tile to take (zeroed per call) */
+    int cross;    /* the pipeline runs on across work tiles (bring-up switch) */
     ScoreMods m; /* windows (causal: right window 0, bottom-right), scale, softcap, ALiBi */
 };
 
 /* consumer schedules (bring-up: FLASHATTN_SM90_SCHEDULE picks one until the GPU has chosen) */
-enum Schedule { PLAIN = 0, OVERLAP = 1, PINGPONG = 2 };
+enum Schedule { OVERLAP = 0, PINGPONG = 1 };
 
 /* One work tile: query block m of head h in sequence b, and the key tiles it visits. */
 struct Tile {
@@ -91,6 +91,12 @@ struct Tile {
     int t_first, ntiles; /* key tiles t_first .. t_first + ntiles - 1 */
     int lo_max, hi_min;  /* keys in [lo_max, hi_min) are visible to every row of the block */
 };
+
+/* What storing a tile's output needs of it. */
+struct Out {
+    int row0, sq, q0, bo, h;
+};
+__device__ __forceinline__ Out out_of(const Tile &w) { return Out{w.row0, w.sq, w.q0, w.bo, w.h}; }
 
 /* The key range [lo(i), hi(i)) of query row i, both ends non-decreasing in i (as in
    fwd_sm80.cuh): a block visits the tiles of [lo(first row), hi(last row)), never loading the
@@ -328,41 +334,42 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             o[4 * j + 3] *= alpha[1];
         }
     };
-    /* key tile it of the current tile: its ring slot and phase, first key, shared memory */
-    auto slot = [&](int it) { return (ring + it) % STAGES; };
-    auto phase = [&](int it) { return (uint32_t)((ring + it) / STAGES) & 1u; };
+    /* Ring position pos (the producer's count of key tiles so far): its slot and phase, and the
+       slot's K and V; key0(it) is the first key of the current tile's key tile it (they run
+       from the last to the first). */
+    auto slot = [&](int pos) { return pos % STAGES; };
+    auto phase = [&](int pos) { return (uint32_t)(pos / STAGES) & 1u; };
+    auto k_smem = [&](int pos) { return base + OFF_K + slot(pos) * KV_TILE; };
+    auto v_smem = [&](int pos) { return base + OFF_V + slot(pos) * KV_TILE; };
     auto key0 = [&](int it) { return (w.t_first + w.ntiles - 1 - it) * BN; };
-    auto k_smem = [&](int it) { return base + OFF_K + slot(it) * KV_TILE; };
-    auto v_smem = [&](int it) { return base + OFF_V + slot(it) * KV_TILE; };
 
     /* Varlen: the rows of a tile past its sequence's last key hold the next sequence's tokens
        (the copy engine zero-fills only past the whole tensor). Their probabilities are 0, but
        0 x inf is NaN: the V rows are zeroed here (whole 128-byte rows, so the swizzle does not
        matter; both consumers write the same zeros), made visible to the tensor cores, and the
        warpgroup synchronises on its named barrier (3 + c) before its products read them. */
-    auto clear_tail = [&](int it) {
-        const int valid = w.sk - key0(it);
+    auto clear_tail = [&](int pos, int kcol0) {
+        const int valid = w.sk - kcol0;
         if (!a.cu_q || valid >= BN) return;
         for (int i = wtid; i < PANELS * (BN - valid) * 8; i += 128) {
             const int x = i / ((BN - valid) * 8), rest = i % ((BN - valid) * 8);
-            const uint32_t addr = v_smem(it) + x * KV_PANEL + (valid + rest / 8) * 128 + (rest % 8) * 16;
+            const uint32_t addr = v_smem(pos) + x * KV_PANEL + (valid + rest / 8) * 128 + (rest % 8) * 16;
             asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0u) : "memory");
         }
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         asm volatile("bar.sync %0, 128;\n" ::"r"(3 + c) : "memory");
     };
-    /* waits for key tile it's K (or V) and gives the slot back once this thread's products
-       have read it; V waits also zero its varlen tail */
-    auto wait_k = [&](int it) { mbar_wait(bar_kfull + 8 * slot(it), phase(it)); };
-    auto wait_v = [&](int it) {
-        mbar_wait(bar_vfull + 8 * slot(it), phase(it));
-        clear_tail(it);
+    /* waits for the K (or V) at ring position pos and gives the slot back once this thread's
+       products have read it; V waits also zero the varlen tail of the current tile's key
+       tile it */
+    auto wait_k = [&](int pos) { mbar_wait(bar_kfull + 8 * slot(pos), phase(pos)); };
+    auto wait_v = [&](int pos, int it) {
+        mbar_wait(bar_vfull + 8 * slot(pos), phase(pos));
+        clear_tail(pos, key0(it));
     };
-    auto free_k = [&](int it) { mbar_arrive(bar_kempty + 8 * slot(it)); };
-    auto free_v = [&](int it) { mbar_arrive(bar_vempty + 8 * slot(it)); };
+    auto free_k = [&](int pos) { mbar_arrive(bar_kempty + 8 * slot(pos)); };
+    auto free_v = [&](int pos) { mbar_arrive(bar_vempty + 8 * slot(pos)); };
 
-    float sc[BN / 2], alpha[2];
-    uint32_t pa[BN / 16][4];
     /* PINGPONG: the two consumers take turns issuing their products (named barriers 1 and 2,
        256 threads: one consumer syncs, the other arrives), so one's softmax runs while the
        other's products hold the tensor cores; the turns run on across tiles */
@@ -375,103 +382,159 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
     };
     if (SCHED == PINGPONG && c == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory"); /* 0 first */
 
-    for (int tc = 0;; tc++) {
+    /* The next tile from the producer (-1: none left), its Q and Q-empty barrier. */
+    int tc = 0;
+    auto fetch = [&](uint32_t &q_smem, uint32_t &q_empty) {
         const int qb = tc % NQ;
         mbar_wait(bar_q + 8 * qb, (uint32_t)(tc / NQ) & 1u);
         const int t = ld_shared_s32(tile_slot + 4 * qb);
-        if (t < 0) break;
-        tile_of<BN>(a, t, w); /* true: the producer passed it */
-        const int ntiles = w.ntiles;
-        sQ = base + (qb * 2 + c) * Q_WG;
-        r_lo = w.row0 + 64 * c + 16 * warp + g;
-        slope = alibi_slope_log2(a.m, w.b, w.h);
-#pragma unroll
-        for (int i = 0; i < D / 2; i++) o[i] = 0.f;
+        tc++;
+        q_smem = base + (qb * 2 + c) * Q_WG;
+        q_empty = bar_qempty + 8 * qb;
+        return t;
+    };
+    /* the softmax state of a new tile x */
+    auto start = [&](const Tile &x) {
+        r_lo = x.row0 + 64 * c + 16 * warp + g;
+        slope = alibi_slope_log2(a.m, x.b, x.h);
         m[0] = m[1] = -INFINITY;
         l[0] = l[1] = 0.f;
-        const uint32_t qempty = bar_qempty + 8 * qb;
-
-        if (SCHED == PLAIN) {
-            /* each key tile: S, softmax, P V, each waited for */
-            for (int it = 0; it < ntiles; it++) {
-                wait_k(it);
-                issue_s(sc, k_smem(it));
-                wg_wait<0>();
-                wg_pin(sc);
-                free_k(it);
-                softmax(sc, key0(it), pa, alpha);
-                rescale(alpha);
-                wait_v(it);
-                issue_pv(pa, v_smem(it));
-                wg_wait<0>();
-                wg_pin(o);
-                free_v(it);
-            }
-            mbar_arrive(qempty);
-        } else if (ntiles > 0) {
-            /* S of key tile it is in flight with P V of tile it - 1, and the softmax of tile it
-               runs while that product finishes: the exponentials overlap the tensor cores */
-            wait_k(0);
-            my_turn();
-            issue_s(sc, k_smem(0));
-            your_turn();
-            wg_wait<0>();
-            wg_pin(sc);
-            free_k(0);
-            softmax(sc, key0(0), pa, alpha); /* O is 0: no rescale */
-            for (int it = 1; it < ntiles; it++) {
-                wait_k(it);
-                wait_v(it - 1);
-                my_turn();
-                issue_s(sc, k_smem(it));
-                issue_pv(pa, v_smem(it - 1));
-                your_turn();
-                wg_wait<1>(); /* S(it) done; P V(it - 1) may still run, reading pa */
-                wg_pin(sc);
-                free_k(it);
-                uint32_t pn[BN / 16][4];
-                softmax(sc, key0(it), pn, alpha);
-                wg_wait<0>();
-                wg_pin(o);
-                wg_pin(pa); /* pa's registers stay untouched until the product has read them */
-                free_v(it - 1);
-                rescale(alpha);
-#pragma unroll
-                for (int kk = 0; kk < BN / 16; kk++)
-#pragma unroll
-                    for (int r = 0; r < 4; r++) pa[kk][r] = pn[kk][r];
-            }
-            mbar_arrive(qempty); /* every S of the tile has completed */
-            wait_v(ntiles - 1);
-            my_turn();
-            issue_pv(pa, v_smem(ntiles - 1));
-            your_turn();
-            wg_wait<0>();
-            wg_pin(o);
-            wg_pin(pa);
-            free_v(ntiles - 1);
-        } else {
-            mbar_arrive(qempty);
-        }
-        ring += ntiles;
-
-        /* O / l and LSE = m ln2 + log l; rows past the sequence are not stored */
+    };
+    /* O / l and LSE = m ln2 + log l of tile x; rows past the sequence are not stored */
+    auto store = [&](const Out &x, const float (&mm)[2], const float (&ll)[2]) {
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
-            const int row = r_lo + 8 * hr;
-            const float lt = quad_sum(l[hr]);
+            const int row = x.row0 + 64 * c + 16 * warp + g + 8 * hr;
+            const float lt = quad_sum(ll[hr]);
             const float inv = lt > 0.f ? 1.f / lt : 0.f;
-            if (row >= w.sq) continue;
-            T *orow = (T *)a.o + (int64_t)w.bo * a.o_sb + (int64_t)(w.q0 + row) * a.o_st +
-                      (int64_t)w.h * a.o_sh;
+            if (row >= x.sq) continue;
+            T *orow = (T *)a.o + (int64_t)x.bo * a.o_sb + (int64_t)(x.q0 + row) * a.o_st +
+                      (int64_t)x.h * a.o_sh;
 #pragma unroll
             for (int j = 0; j < NO; j++)
                 *(uint32_t *)(orow + 8 * j + 2 * t4) =
                     pack2<T>(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
             if (a.lse && t4 == 0)
-                a.lse[(int64_t)w.bo * a.lse_sb + (int64_t)w.h * a.lse_sh +
-                      (int64_t)(w.q0 + row) * a.lse_st] =
-                    lt > 0.f ? m[hr] * 0.6931471805599453f + logf(lt) : -INFINITY;
+                a.lse[(int64_t)x.bo * a.lse_sb + (int64_t)x.h * a.lse_sh +
+                      (int64_t)(x.q0 + row) * a.lse_st] =
+                    lt > 0.f ? mm[hr] * 0.6931471805599453f + logf(lt) : -INFINITY;
+        }
+    };
+    auto zero_o = [&]() {
+#pragma unroll
+        for (int i = 0; i < D / 2; i++) o[i] = 0.f;
+    };
+
+    /*
+     * The pipeline: S of key tile it is in flight with P V of key tile it - 1, and the softmax
+     * of tile it runs while that product finishes, so the exponentials overlap the tensor
+     * cores. It runs on across work tiles: the first S of the next tile goes with the last
+     * P V of this one (its Q came into the other buffer meanwhile), and this tile's output is
+     * stored while the next one's first softmax is done (`primed`). Not at d 256: its
+     * accumulator leaves no registers for two tiles' state.
+     */
+    constexpr bool CROSS = D <= 128;
+    float sc[BN / 2], alpha[2];
+    uint32_t pa[BN / 16][4], pn[BN / 16][4];
+    auto take_pn = [&]() {
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) pa[kk][r] = pn[kk][r];
+    };
+    uint32_t qempty = 0, sQn = 0, qempty_n = 0;
+    int t = fetch(sQ, qempty);
+    bool primed = false;
+    if (t >= 0) tile_of<BN>(a, t, w); /* true: the producer passed it */
+    while (t >= 0) {
+        const int nt = w.ntiles;
+        if (!primed) {
+            start(w);
+            zero_o();
+            if (nt == 0) { /* every key masked: O = 0, LSE = -inf */
+                mbar_arrive(qempty);
+                store(out_of(w), m, l);
+                t = fetch(sQ, qempty);
+                if (t >= 0) tile_of<BN>(a, t, w);
+                continue;
+            }
+            wait_k(ring);
+            my_turn();
+            issue_s(sc, k_smem(ring));
+            your_turn();
+            wg_wait<0>();
+            wg_pin(sc);
+            free_k(ring);
+            softmax(sc, key0(0), pa, alpha); /* O is 0: no rescale */
+        }
+        primed = false;
+        for (int it = 1; it < nt; it++) {
+            const int pos = ring + it;
+            wait_k(pos);
+            wait_v(pos - 1, it - 1);
+            my_turn();
+            issue_s(sc, k_smem(pos));
+            issue_pv(pa, v_smem(pos - 1));
+            your_turn();
+            wg_wait<1>(); /* S(it) done; P V(it - 1) may still run, reading pa */
+            wg_pin(sc);
+            free_k(pos);
+            softmax(sc, key0(it), pn, alpha);
+            wg_wait<0>();
+            wg_pin(o);
+            wg_pin(pa); /* pa's registers stay untouched until the product has read them */
+            free_v(pos - 1);
+            rescale(alpha);
+            take_pn();
+        }
+        mbar_arrive(qempty); /* every S of the tile has completed */
+        const int last = ring + nt - 1;
+        t = fetch(sQn, qempty_n);
+        Tile wn;
+        if (t >= 0) tile_of<BN>(a, t, wn);
+        if (CROSS && a.cross && t >= 0 && wn.ntiles > 0) {
+            /* the next tile's first S with this tile's last P V */
+            wait_k(last + 1);
+            wait_v(last, nt - 1);
+            my_turn();
+            sQ = sQn;
+            issue_s(sc, k_smem(last + 1));
+            issue_pv(pa, v_smem(last));
+            your_turn();
+            wg_wait<1>();
+            wg_pin(sc);
+            free_k(last + 1);
+            const Out wo = out_of(w);
+            const float mo[2] = {m[0], m[1]}, lo[2] = {l[0], l[1]};
+            w = wn;
+            qempty = qempty_n;
+            ring = last + 1;
+            start(w);
+            softmax(sc, key0(0), pn, alpha);
+            wg_wait<0>();
+            wg_pin(o);
+            wg_pin(pa);
+            free_v(last);
+            store(wo, mo, lo);
+            zero_o();
+            take_pn();
+            primed = true;
+        } else {
+            wait_v(last, nt - 1);
+            my_turn();
+            issue_pv(pa, v_smem(last));
+            your_turn();
+            wg_wait<0>();
+            wg_pin(o);
+            wg_pin(pa);
+            free_v(last);
+            store(out_of(w), m, l);
+            ring = last + 1;
+            if (t >= 0) {
+                w = wn;
+                sQ = sQn;
+                qempty = qempty_n;
+            }
         }
     }
     /* consumer 0 takes consumer 1's last turn-passing, so no barrier is left half-arrived */
@@ -524,7 +587,7 @@ int bn_for(int D) {
    body of the other targets' pass). */
 template <typename C> bool has_sm90a() {
     cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, fwd_sm90_kernel<__half, C, PLAIN>) != cudaSuccess) {
+    if (cudaFuncGetAttributes(&fa, fwd_sm90_kernel<__half, C, OVERLAP>) != cudaSuccess) {
         cudaGetLastError();
         return false;
     }
@@ -546,9 +609,7 @@ const char *refusal(const fa_problem *p, const fa_cuda_launch *l) {
 
 template <typename T, typename C>
 cudaError_t launch(const Args &a, int sched, int grid, cudaStream_t st) {
-    auto kern = sched == PINGPONG  ? fwd_sm90_kernel<T, C, PINGPONG>
-                : sched == OVERLAP ? fwd_sm90_kernel<T, C, OVERLAP>
-                                   : fwd_sm90_kernel<T, C, PLAIN>;
+    auto kern = sched == PINGPONG ? fwd_sm90_kernel<T, C, PINGPONG> : fwd_sm90_kernel<T, C, OVERLAP>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)C::SMEM);
     if (e != cudaSuccess) return e;
@@ -624,22 +685,25 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     }
     a.tiles = (int)tiles;
 
-    /* bring-up switches: FLASHATTN_SM90_SCHEDULE=plain|overlap|pingpong, and
+    /* bring-up switches: FLASHATTN_SM90_SCHEDULE=overlap|pingpong, FLASHATTN_SM90_CROSS=1|0
+       (the pipeline across work tiles), and
        FLASHATTN_SM90_GRID=persistent|tiles|static|dynamic|<n>. Persistent (the default): one
        block per SM looping over the tiles, in the dynamic order where tiles differ in length
        (masks, varlen; it needs the workspace's counter), else static; tiles: one block per
        tile; static/dynamic: persistent in that order; n: at most n blocks (the tests use a
        small n so that every block takes several tiles) */
-    static const char *const sched_vals[] = {"plain", "overlap", "pingpong"};
+    static const char *const sched_vals[] = {"overlap", "pingpong"};
     static const char *const grid_vals[] = {"persistent", "tiles", "static", "dynamic"};
-    const int sched = env_choice("FLASHATTN_SM90_SCHEDULE", sched_vals, 3);
+    const int sched = env_choice("FLASHATTN_SM90_SCHEDULE", sched_vals, 2);
+    static const char *const cross_vals[] = {"1", "0"};
+    a.cross = env_choice("FLASHATTN_SM90_CROSS", cross_vals, 2) == 0;
     const int gmode = env_choice("FLASHATTN_SM90_GRID", grid_vals, 4);
     const bool uneven = a.m.win_left >= 0 || a.m.win_right >= 0 || p->cu_q;
     const bool dynamic = l->ws && l->ws_bytes >= 4 && (gmode == 3 || (gmode == 0 && uneven));
     const char *genv = getenv("FLASHATTN_SM90_GRID");
     const int blocks = genv && atoi(genv) > 0 ? atoi(genv) : l->num_sms > 0 ? l->num_sms : 1;
     const int grid = gmode != 1 && a.tiles > blocks ? blocks : a.tiles;
-    static const char *const sched_name[] = {"", "_overlap", "_pingpong"};
+    static const char *const sched_name[] = {"", "_pingpong"};
     const cudaStream_t st = (cudaStream_t)l->stream;
     cudaError_t e = cudaSuccess;
     if (dynamic && grid < a.tiles) {
