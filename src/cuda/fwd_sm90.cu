@@ -77,7 +77,6 @@ struct Args {
     int heads, batch, mblocks, tiles, group_hb; /* work tiles: tile_of */
     int *counter; /* persistent grid, dynamic order: the next tile to take (zeroed per call) */
     int cross;    /* the pipeline runs on across work tiles (bring-up switch) */
-    int staged;   /* O leaves through shared memory in 16-byte stores (store) */
     ScoreMods m; /* windows (causal: right window 0, bottom-right), scale, softcap, ALiBi */
 };
 
@@ -145,17 +144,6 @@ __device__ __forceinline__ bool tile_of(const Args &a, int t, Tile &w) {
 
 __device__ __forceinline__ void st_shared_s32(uint32_t addr, int v) {
     asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
-__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
-    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
-__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"(addr)
-                 : "memory");
-    return v;
 }
 __device__ __forceinline__ int ld_shared_s32(uint32_t addr) {
     int v;
@@ -412,62 +400,25 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
         m[0] = m[1] = -INFINITY;
         l[0] = l[1] = 0.f;
     };
-    /*
-     * O / l and LSE = m ln2 + log l of tile x; rows past the sequence are not stored. Staged
-     * (a.staged): the rows go through the tile's Q buffer (q_smem, free once its products are
-     * done; 16-byte chunks XOR-swizzled by row, so neither side conflicts on banks) and leave
-     * in 16-byte stores of whole rows, and the buffer is handed back (q_empty) after; else
-     * each thread stores its 4-byte pairs.
-     */
-    auto store = [&](const Out &x, const float (&mm)[2], const float (&ll)[2], uint32_t q_smem,
-                     uint32_t q_empty) {
-        constexpr int RB = D * 2, CH = D / 8; /* bytes and 16-byte chunks per row */
-        float inv[2];
+    /* O / l and LSE = m ln2 + log l of tile x; rows past the sequence are not stored */
+    auto store = [&](const Out &x, const float (&mm)[2], const float (&ll)[2]) {
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
             const int row = x.row0 + 64 * c + 16 * warp + g + 8 * hr;
             const float lt = quad_sum(ll[hr]);
-            inv[hr] = lt > 0.f ? 1.f / lt : 0.f;
-            if (a.lse && t4 == 0 && row < x.sq)
+            const float inv = lt > 0.f ? 1.f / lt : 0.f;
+            if (row >= x.sq) continue;
+            T *orow = (T *)a.o + (int64_t)x.bo * a.o_sb + (int64_t)(x.q0 + row) * a.o_st +
+                      (int64_t)x.h * a.o_sh;
+#pragma unroll
+            for (int j = 0; j < NO; j++)
+                *(uint32_t *)(orow + 8 * j + 2 * t4) =
+                    pack2<T>(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
+            if (a.lse && t4 == 0)
                 a.lse[(int64_t)x.bo * a.lse_sb + (int64_t)x.h * a.lse_sh +
                       (int64_t)(x.q0 + row) * a.lse_st] =
                     lt > 0.f ? mm[hr] * 0.6931471805599453f + logf(lt) : -INFINITY;
         }
-        T *o0 = (T *)a.o + (int64_t)x.bo * a.o_sb + (int64_t)x.h * a.o_sh;
-        const int wrow0 = x.row0 + 64 * c; /* the warpgroup's first row */
-        if (!a.staged) {
-#pragma unroll
-            for (int hr = 0; hr < 2; hr++) {
-                const int row = wrow0 + 16 * warp + g + 8 * hr;
-                if (row >= x.sq) continue;
-                T *orow = o0 + (int64_t)(x.q0 + row) * a.o_st;
-#pragma unroll
-                for (int j = 0; j < NO; j++)
-                    *(uint32_t *)(orow + 8 * j + 2 * t4) =
-                        pack2<T>(o[4 * j + 2 * hr] * inv[hr], o[4 * j + 2 * hr + 1] * inv[hr]);
-            }
-            return;
-        }
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            const int r = 16 * warp + g + 8 * hr;
-#pragma unroll
-            for (int j = 0; j < NO; j++) {
-                const uint32_t addr = q_smem + r * RB + ((j ^ (r & 7)) * 16) + 4 * t4;
-                st_shared_u32(addr, pack2<T>(o[4 * j + 2 * hr] * inv[hr], o[4 * j + 2 * hr + 1] * inv[hr]));
-            }
-        }
-        asm volatile("bar.sync %0, 128;\n" ::"r"(3 + c) : "memory");
-#pragma unroll 2
-        for (int i = wtid; i < 64 * CH; i += 128) {
-            const int r = i / CH, ch = i % CH;
-            const uint4 v = ld_shared_v4(q_smem + r * RB + ((ch ^ (r & 7)) * 16));
-            if (wrow0 + r < x.sq)
-                *(uint4 *)(o0 + (int64_t)(x.q0 + wrow0 + r) * a.o_st + 8 * ch) = v;
-        }
-        /* the copy engine writes the buffer next: order these accesses before it */
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        mbar_arrive(q_empty);
     };
     auto zero_o = [&]() {
 #pragma unroll
@@ -501,8 +452,8 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             start(w);
             zero_o();
             if (nt == 0) { /* every key masked: O = 0, LSE = -inf */
-                if (!a.staged) mbar_arrive(qempty);
-                store(out_of(w), m, l, sQ, qempty);
+                mbar_arrive(qempty);
+                store(out_of(w), m, l);
                 t = fetch(sQ, qempty);
                 if (t >= 0) tile_of<BN>(a, t, w);
                 continue;
@@ -536,7 +487,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             rescale(alpha);
             take_pn();
         }
-        if (!a.staged) mbar_arrive(qempty); /* every S of the tile has completed */
+        mbar_arrive(qempty); /* every S of the tile has completed */
         const int last = ring + nt - 1;
         t = fetch(sQn, qempty_n);
         Tile wn;
@@ -546,7 +497,6 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             wait_k(last + 1);
             wait_v(last, nt - 1);
             my_turn();
-            const uint32_t sQo = sQ, qempty_o = qempty;
             sQ = sQn;
             issue_s(sc, k_smem(last + 1));
             issue_pv(pa, v_smem(last));
@@ -565,7 +515,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             wg_pin(o);
             wg_pin(pa);
             free_v(last);
-            store(wo, mo, lo, sQo, qempty_o);
+            store(wo, mo, lo);
             zero_o();
             take_pn();
             primed = true;
@@ -578,7 +528,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             wg_pin(o);
             wg_pin(pa);
             free_v(last);
-            store(out_of(w), m, l, sQ, qempty);
+            store(out_of(w), m, l);
             ring = last + 1;
             if (t >= 0) {
                 w = wn;
@@ -747,12 +697,6 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     const int sched = env_choice("FLASHATTN_SM90_SCHEDULE", sched_vals, 2);
     static const char *const cross_vals[] = {"1", "0"};
     a.cross = env_choice("FLASHATTN_SM90_CROSS", cross_vals, 2) == 0;
-    /* staged output: 2 Q buffers (the one being stored from is not the next tile's) and
-       16-byte aligned rows */
-    const uintptr_t o_bits = (uintptr_t)p->o.data | (uintptr_t)(p->o.st * 2) |
-                             (uintptr_t)(p->o.sh * 2) | (uintptr_t)(p->o.sb * 2);
-    a.staged = D <= 128 && (o_bits & 15) == 0 &&
-               env_choice("FLASHATTN_SM90_STAGED", cross_vals, 2) == 0;
     const int gmode = env_choice("FLASHATTN_SM90_GRID", grid_vals, 4);
     const bool uneven = a.m.win_left >= 0 || a.m.win_right >= 0 || p->cu_q;
     const bool dynamic = l->ws && l->ws_bytes >= 4 && (gmode == 3 || (gmode == 0 && uneven));
