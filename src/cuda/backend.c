@@ -200,20 +200,19 @@ static void record(fa_context *ctx, const char *op, const fa_cuda_launch *l, siz
 
 /* ---- the table ---- */
 
-/* The Hopper forward is new and runs only where FLASHATTN_CUDA_SM90=1 asks for it, until it
-   has passed the GPU tests and the benchmark (issue 7); until then the sm80 kernels are the
-   preferred ones everywhere, and a refusal of the sm90 kernel is recorded only when it was
-   asked for. */
+/* On sm_90 the Hopper forward is the preferred kernel for the head dims it has;
+   FLASHATTN_CUDA_SM90=0 turns it off (the sm80 kernels then run there too, e.g. to test them). */
 static int sm90_fwd_enabled(void) {
     const char *e = getenv("FLASHATTN_CUDA_SM90");
-    return e && strcmp(e, "1") == 0;
+    return !(e && strcmp(e, "0") == 0);
 }
 
 /* The varlen check's results, and on sm_90 the persistent grid's tile counter. */
 static size_t fwd_workspace(const fa_problem *p) {
     char msg[256];
     const dev_info *d = current_device(msg, sizeof msg);
-    if (d && d->cc == 90 && sm90_fwd_enabled()) return WS_HEAD + FA_SM90_FWD_WORKSPACE;
+    if (d && d->cc == 90 && sm90_fwd_enabled() && fa_sm90_fwd_covers(p))
+        return WS_HEAD + FA_SM90_FWD_WORKSPACE;
     return p->cu_q ? WS_HEAD : 0;
 }
 
@@ -230,7 +229,9 @@ static fa_status cuda_fwd(fa_context *ctx, const fa_problem *pin, void *ws, size
     TRY(varlen(ctx, "fa_fwd", &p, ws));
     char why[sizeof l.msg] = "";
     fa_status st = FA_ERR_UNSUPPORTED;
-    if (l.cc == 90 && sm90_fwd_enabled()) {
+    /* sm_90: the Hopper kernel where it has the head dim; declining such a call (strides,
+       shared memory, a build without sm_90a code) is a fallback, recorded with its reason */
+    if (l.cc == 90 && sm90_fwd_enabled() && fa_sm90_fwd_covers(&p)) {
         st = fa_sm90_fwd(&p, &l);
         if (st == FA_ERR_UNSUPPORTED && ctx->strict)
             return fa_fail(ctx, st, "fa_fwd: strict mode: %s", l.msg);

@@ -638,6 +638,8 @@ int env_choice(const char *name, const char *const *vals, int n) {
 } // namespace sm90
 } // namespace fa
 
+extern "C" int fa_sm90_fwd_covers(const fa_problem *p) { return fa::sm90::kernel_dim(p->d) != 0; }
+
 extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     using namespace fa::sm90;
     const char *why = refusal(p, l);
