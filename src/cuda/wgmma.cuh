@@ -3,7 +3,7 @@
  * mbarrier waits and transaction counts, the bulk tensor copy (TMA), warpgroup matrix
  * multiply-accumulate (wgmma) with its shared-memory descriptors, and the register hand-off
  * between warpgroups (setmaxnreg). Only the sm_90a compilation pass may call them (their PTX
- * does not exist on earlier targets); fwd_sm90.cu guards its kernel body accordingly.
+ * does not exist on earlier targets); fwd_sm90.cuh guards its kernel body accordingly.
  */
 #ifndef FA_CUDA_WGMMA_CUH
 #define FA_CUDA_WGMMA_CUH

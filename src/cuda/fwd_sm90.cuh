@@ -1,0 +1,548 @@
+/*
+ * cuda/fwd_sm90.cuh — the Hopper forward (sm_90a), FlashAttention-3's structure in CUDA C with
+ * inline PTX (wgmma.cuh). A persistent grid (one block per SM) loops over work tiles of 128
+ * query rows of one (batch, head), tile_of's order, statically or through a counter.
+ *
+ *   warpgroup 0, the producer: one thread issues every load. Per work tile its Q (into one of
+ *     NQ buffers), then its K and V tiles of BN keys into a ring of STAGES slots, by the copy
+ *     engine (TMA, 128-byte swizzle, zero fill past the tensor's end), each completing on its
+ *     `full` mbarrier; it waits on the matching `empty` mbarrier before refilling a buffer. It
+ *     gives its registers away (setmaxnreg) and keeps 40.
+ *   warpgroups 1 and 2, the consumers: 64 query rows each. Per key tile:
+ *       S = Q K^T      wgmma m64n{BN}k16, A and B from shared memory (K-major), D/16 k-steps
+ *       mask / online softmax in registers (running max and sum, O rescaled), P to 16 bits
+ *                      in the A-fragment layout (C-to-A identity, ptx.cuh)
+ *       O += P V       wgmma m64n{D}k16, A from registers, B = V from shared memory (MN-major)
+ *     S of key tile j + 1 is issued with P V of tile j, and the softmax of j + 1 runs while
+ *     the latter finishes (across work tiles too); K is released after S, V after P V.
+ *     Schedule PINGPONG (a bring-up switch) adds turns between the two consumers.
+ *
+ * It serves head dims 64, 128 and 256, fp16/bf16, BSHD and varlen, every mask (causal
+ * bottom-right, windows), softcap, ALiBi, GQA; fa_sm90_fwd refuses everything else (other
+ * head dims, strides the copy engine cannot take) with a reason, and the dispatcher then runs
+ * the sm80 kernel and records why.
+ *
+ * Shared memory (1024-byte aligned pieces): a 128-byte-swizzled tile is rows of 128 bytes = 64
+ * columns, so a tile of D columns is D / 64 "panels" of 64 columns:
+ *   Q   [buffer][consumer][panel][64 rows][128 B]  D / 64 x 8 KB per consumer and buffer
+ *   K   [stage][panel][BN keys][128 B]             D / 64 x BN x 128 B per stage
+ *   V   [stage][panel][BN keys][128 B]             same
+ *   mbarriers (Q full/empty per buffer, K and V full/empty per stage), the buffers' tiles
+ * Tiles per head dim (Cfg): d 64: 128 keys, 3 stages, 2 Q buffers (128 KB); d 128: 128 keys,
+ * 2 stages, 2 Q buffers (192 KB); d 256: 64 keys, 2 stages, 1 Q buffer (192 KB).
+ */
+#ifndef FA_CUDA_FWD_SM90_CUH
+#define FA_CUDA_FWD_SM90_CUH
+
+#include <cuda.h>
+#include <math.h>
+
+#include "kernels.h"
+#include "ptx.cuh"
+#include "score_mods.cuh"
+#include "wgmma.cuh"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FA_SM90A_DEVICE 1
+#endif
+
+namespace fa {
+namespace sm90 {
+
+constexpr int BM = 128, THREADS = 384; /* 64 query rows per consumer warpgroup */
+
+/* NQ Q buffers: with 2, the next tile's Q arrives while this one's products run */
+template <int D_, int BN_, int STAGES_, int NQ_> struct Cfg {
+    static constexpr int D = D_, BN = BN_, STAGES = STAGES_, NQ = NQ_, PANELS = D / 64;
+    static constexpr uint32_t Q_PANEL = 64 * 128, Q_WG = PANELS * Q_PANEL; /* bytes */
+    static constexpr uint32_t KV_PANEL = BN * 128, KV_TILE = PANELS * KV_PANEL;
+    static constexpr uint32_t OFF_K = NQ * 2 * Q_WG, OFF_V = OFF_K + STAGES * KV_TILE;
+    static constexpr uint32_t OFF_BAR = OFF_V + STAGES * KV_TILE;
+    static constexpr uint32_t OFF_TILE = OFF_BAR + 8 * (2 * NQ + 4 * STAGES);
+    static constexpr size_t SMEM = OFF_TILE + 4 * NQ + 1024; /* + aligning */
+    static_assert(D % 64 == 0 && BN % 64 == 0 && KV_PANEL % 1024 == 0, "1024-byte tiles");
+};
+template <int D> struct Tiles;
+template <> struct Tiles<64> { using C = Cfg<64, 128, 3, 2>; };
+template <> struct Tiles<128> { using C = Cfg<128, 128, 2, 2>; };
+template <> struct Tiles<256> { using C = Cfg<256, 64, 2, 1>; };
+
+struct Args {
+    CUtensorMap tq, tk, tv; /* (d, head, token, batch); boxes (64, 1, rows, 1): Q 64, K/V BN */
+    void *o;
+    float *lse;
+    int64_t o_sb, o_st, o_sh, lse_sb, lse_sh, lse_st;
+    const int *cu_q, *cu_k; /* varlen: token offsets (the maps then span all tokens, batch 1) */
+    int seqlen_q, seqlen_k, group;
+    int heads, batch, mblocks, tiles, group_hb; /* work tiles: tile_of */
+    int *counter; /* persistent grid, dynamic order: the next tile to take (zeroed per call) */
+    int cross;    /* the pipeline runs on across work tiles (bring-up switch) */
+    ScoreMods m; /* windows (causal: right window 0, bottom-right), scale, softcap, ALiBi */
+};
+
+/* consumer schedules (bring-up: FLASHATTN_SM90_SCHEDULE picks one until the GPU has chosen) */
+enum Schedule { OVERLAP = 0, PINGPONG = 1 };
+
+/* One work tile: query block m of head h in sequence b, and the key tiles it visits. */
+struct Tile {
+    int h, b, bt, bo;  /* head, sequence; the maps' batch coordinate, o's and lse's batch */
+    int q0, k0, sq, sk; /* the sequence's first query and key tokens (varlen) and lengths */
+    int row0, diag;     /* first query row; sk - sq (masks align bottom-right) */
+    int t_first, ntiles; /* key tiles t_first .. t_first + ntiles - 1 */
+    int lo_max, hi_min;  /* keys in [lo_max, hi_min) are visible to every row of the block */
+};
+
+/* What storing a tile's output needs of it. */
+struct Out {
+    int row0, sq, q0, bo, h;
+};
+__device__ __forceinline__ Out out_of(const Tile &w) { return Out{w.row0, w.sq, w.q0, w.bo, w.h}; }
+
+/* The key range [lo(i), hi(i)) of query row i, both ends non-decreasing in i (as in
+   fwd_sm80.cuh): a block visits the tiles of [lo(first row), hi(last row)), never loading the
+   others, and masks per element only tiles that cross an edge. */
+__device__ __forceinline__ int lo_of(const Args &a, const Tile &w, int i) {
+    return a.m.win_left < 0 ? 0 : max(0, i + w.diag - a.m.win_left);
+}
+__device__ __forceinline__ int hi_of(const Args &a, const Tile &w, int i) {
+    return a.m.win_right < 0 ? w.sk : min(w.sk, i + w.diag + a.m.win_right + 1);
+}
+
+/*
+ * Tile t of the launch. The order: (batch, head) pairs in groups of a.group_hb whose K and V
+ * fit in the L2 together; in a group, query blocks from the last (the longest under a causal
+ * mask) to the first, and per block the group's pairs. Blocks taken in this order (by the
+ * hardware, or in strides of the grid by the persistent launch) share K/V through the L2 and
+ * start with the longest work. False: the block lies past its (varlen) sequence.
+ */
+template <int BN>
+__device__ __forceinline__ bool tile_of(const Args &a, int t, Tile &w) {
+    const int per_group = a.group_hb * a.mblocks, grp = t / per_group, r = t - grp * per_group;
+    const int gsz = min(a.group_hb, a.heads * a.batch - grp * a.group_hb);
+    const int m_block = a.mblocks - 1 - r / gsz, hb = grp * a.group_hb + r % gsz;
+    w.h = hb % a.heads;
+    w.b = hb / a.heads;
+    w.q0 = 0, w.k0 = 0, w.sq = a.seqlen_q, w.sk = a.seqlen_k, w.bt = w.b, w.bo = w.b;
+    if (a.cu_q) {
+        w.q0 = a.cu_q[w.b];
+        w.sq = a.cu_q[w.b + 1] - w.q0;
+        w.k0 = a.cu_k[w.b];
+        w.sk = a.cu_k[w.b + 1] - w.k0;
+        w.bt = w.bo = 0;
+    }
+    w.diag = w.sk - w.sq;
+    w.row0 = m_block * BM;
+    if (w.row0 >= w.sq) return false;
+    const int last_row = min(w.row0 + BM, w.sq) - 1;
+    const int n_lo = lo_of(a, w, w.row0), n_hi = hi_of(a, w, last_row);
+    w.lo_max = lo_of(a, w, last_row);
+    w.hi_min = hi_of(a, w, w.row0);
+    w.t_first = n_lo / BN;
+    w.ntiles = n_hi > n_lo ? (n_hi - 1) / BN - w.t_first + 1 : 0;
+    return true;
+}
+
+__device__ __forceinline__ void st_shared_s32(uint32_t addr, int v) {
+    asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ int ld_shared_s32(uint32_t addr) {
+    int v;
+    asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
+
+template <typename T, typename C, int SCHED>
+__global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_constant__ Args a) {
+#ifdef FA_SM90A_DEVICE
+    constexpr int D = C::D, BN = C::BN, STAGES = C::STAGES, NQ = C::NQ, PANELS = C::PANELS;
+    constexpr uint32_t Q_PANEL = C::Q_PANEL, Q_WG = C::Q_WG, KV_PANEL = C::KV_PANEL;
+    constexpr uint32_t KV_TILE = C::KV_TILE, OFF_K = C::OFF_K, OFF_V = C::OFF_V;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+    /* mbarriers: per Q buffer full and empty; per stage K full, V full, K empty, V empty (a
+       slot's K is released after S = Q K^T, its V after P V: in the overlapped schedules
+       these are an iteration apart). Per Q buffer, the tile whose Q it holds (-1: none left). */
+    const uint32_t bar_q = base + C::OFF_BAR, bar_qempty = bar_q + 8 * NQ;
+    const uint32_t bar_kfull = bar_qempty + 8 * NQ, bar_vfull = bar_kfull + 8 * STAGES;
+    const uint32_t bar_kempty = bar_vfull + 8 * STAGES, bar_vempty = bar_kempty + 8 * STAGES;
+    const uint32_t tile_slot = base + C::OFF_TILE;
+    const int tid = threadIdx.x, wg = tid / 128;
+
+    if (tid == 0) {
+        for (int q = 0; q < NQ; q++) {
+            mbar_init(bar_q + 8 * q, 1);
+            mbar_init(bar_qempty + 8 * q, 256);
+        }
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(bar_kfull + 8 * s, 1);
+            mbar_init(bar_vfull + 8 * s, 1);
+            mbar_init(bar_kempty + 8 * s, 256);
+            mbar_init(bar_vempty + 8 * s, 256);
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+    Tile w;
+
+    /* ---- the producer takes the tiles: the block's first is its index, then the grid's
+       stride (static) or the next of a counter (dynamic: blocks that finish early take
+       more). Per tile, once both consumers are done with the Q buffer's previous tile, it
+       writes the tile's index beside the buffer and loads its Q, then its K/V tiles from the
+       last (the diagonal one under a causal mask) to the first through the ring, whose
+       position (`ring`) runs on across tiles. ---- */
+    if (wg == 0) {
+        regs_dec<40>();
+        if (tid == 0) {
+            int ring = 0, tc = 0, t = blockIdx.x;
+            auto next = [&](int t) {
+                return a.counter ? atomicAdd(a.counter, 1) + (int)gridDim.x : t + (int)gridDim.x;
+            };
+            for (;; tc++) {
+                while (t < a.tiles && !tile_of<BN>(a, t, w)) t = next(t);
+                const int qb = tc % NQ;
+                mbar_wait(bar_qempty + 8 * qb, ((uint32_t)(tc / NQ) & 1u) ^ 1u); /* fresh: 1 */
+                st_shared_s32(tile_slot + 4 * qb, t < a.tiles ? t : -1);
+                if (t >= a.tiles) {
+                    mbar_arrive(bar_q + 8 * qb);
+                    break;
+                }
+                mbar_expect_tx(bar_q + 8 * qb, 2 * Q_WG);
+                for (int c = 0; c < 2; c++)
+                    for (int x = 0; x < PANELS; x++)
+                        tma_load4(base + (qb * 2 + c) * Q_WG + x * Q_PANEL, &a.tq, bar_q + 8 * qb,
+                                  x * 64, w.h, w.q0 + w.row0 + 64 * c, w.bt);
+                const int hk = w.h / a.group;
+                for (int it = 0; it < w.ntiles; it++, ring++) {
+                    const int n = w.t_first + w.ntiles - 1 - it, s = ring % STAGES;
+                    const uint32_t ph = (uint32_t)(ring / STAGES) & 1u;
+                    mbar_wait(bar_kempty + 8 * s, ph ^ 1u);
+                    mbar_expect_tx(bar_kfull + 8 * s, KV_TILE);
+                    for (int x = 0; x < PANELS; x++)
+                        tma_load4(base + OFF_K + s * KV_TILE + x * KV_PANEL, &a.tk,
+                                  bar_kfull + 8 * s, x * 64, hk, w.k0 + n * BN, w.bt);
+                    mbar_wait(bar_vempty + 8 * s, ph ^ 1u);
+                    mbar_expect_tx(bar_vfull + 8 * s, KV_TILE);
+                    for (int x = 0; x < PANELS; x++)
+                        tma_load4(base + OFF_V + s * KV_TILE + x * KV_PANEL, &a.tv,
+                                  bar_vfull + 8 * s, x * 64, hk, w.k0 + n * BN, w.bt);
+                }
+                t = next(t);
+            }
+        }
+        return;
+    }
+    regs_inc<232>();
+
+    /* ---- consumer warpgroup c: query rows row0 + 64 c .. + 63 of each tile ---- */
+    const int c = wg - 1, wtid = tid - 128 * wg, warp = wtid / 32, lane = wtid % 32;
+    const int g = lane / 4, t4 = lane % 4;
+    uint32_t sQ = 0; /* this consumer's Q in the tile's buffer */
+    int r_lo = 0; /* this thread's rows in the tile: r_lo, r_lo + 8 */
+    int ring = 0; /* the ring position of the tile's first key tile */
+
+    /* accumulators in the m16n8 C layout of each warp's 16 rows: n8 tile j holds
+       (row g, columns 8j + 2t4 + 0/1) in [4j], [4j+1] and (row g + 8, ...) in [4j+2], [4j+3] */
+    constexpr int NS = BN / 8, NO = D / 8; /* n8 tiles of S and of O */
+    float o[D / 2];
+    float m[2], l[2];
+
+    /* S = Q K^T into sc (zeroed first): k-step kk reads 32 bytes into the 128-byte rows of
+       panel kk / 4. Issued, not waited for. */
+    auto issue_s = [&](float (&sc)[BN / 2], uint32_t sK) {
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++) sc[i] = 0.f;
+        wg_pin(sc);
+        wg_fence();
+        const Desc dq = desc_sw128(sQ, 16, 1024), dk = desc_sw128(sK, 16, 1024);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            const uint32_t off = (kk % 4) * 32u;
+            Wgmma<T, BN>::ss(sc, desc_at(dq, (kk / 4) * Q_PANEL + off),
+                             desc_at(dk, (kk / 4) * KV_PANEL + off), 1);
+        }
+        wg_commit();
+    };
+    /* O += P V: k-step kk is keys 16kk.. = rows 16kk.. of every V panel (leading offset: the
+       panels, KV_PANEL apart; stride: the next 8 keys). Issued, not waited for. */
+    auto issue_pv = [&](const uint32_t (&pa)[BN / 16][4], uint32_t sV) {
+        wg_pin(o);
+        wg_fence();
+        const Desc dv = desc_sw128(sV, KV_PANEL, 1024);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) Wgmma<T, D>::rs(o, pa[kk], desc_at(dv, kk * 16 * 128), 1);
+        wg_commit();
+    };
+    /* Scores without softcap or ALiBi stay raw (the exponent takes scale * log2 e); with them,
+       score_log2 converts them to log2 units first. Then the masks (keys outside a row's
+       range, past the sequence included) and the online softmax of tile kcol0: m and l move,
+       P leaves as A fragments (k-step kk covers n8 tiles 2kk, 2kk+1), and alpha is what O
+       must be multiplied by before this tile's P V. */
+    const bool fancy = a.m.softcap > 0.f || a.m.alibi != nullptr; /* uniform per launch */
+    const float mul = fancy ? 1.f : a.m.scale_log2;
+    float slope = 0.f;
+    auto softmax = [&](float (&sc)[BN / 2], int kcol0, uint32_t (&pa)[BN / 16][4],
+                       float (&alpha)[2]) {
+        if (fancy) {
+#pragma unroll
+            for (int j = 0; j < NS; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int col = kcol0 + 8 * j + 2 * t4 + (e & 1), row = r_lo + 8 * (e >> 1);
+                    sc[4 * j + e] = score_log2(a.m, sc[4 * j + e], slope, row + w.diag, col);
+                }
+        }
+        if (!(kcol0 >= w.lo_max && kcol0 + BN <= w.hi_min)) {
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int row = r_lo + 8 * hr;
+                const int lo = lo_of(a, w, row) - kcol0 - 2 * t4;
+                const int hi = hi_of(a, w, row) - kcol0 - 2 * t4;
+#pragma unroll
+                for (int j = 0; j < NS; j++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++)
+                        if (8 * j + e < lo || 8 * j + e >= hi) sc[4 * j + 2 * hr + e] = -INFINITY;
+            }
+        }
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < NS; j++) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]));
+            mx = quad_max(mx) * mul;
+            const float m_new = fmaxf(m[hr], mx);
+            const float m_use = m_new == -INFINITY ? 0.f : m_new;
+            alpha[hr] = fast_exp2(m[hr] - m_use);
+            m[hr] = m_new;
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < NS; j++) {
+                const float p0 = fast_exp2(fmaf(sc[4 * j + 2 * hr], mul, -m_use));
+                const float p1 = fast_exp2(fmaf(sc[4 * j + 2 * hr + 1], mul, -m_use));
+                sum += p0 + p1;
+                pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(p0, p1);
+            }
+            l[hr] = l[hr] * alpha[hr] + sum;
+        }
+    };
+    auto rescale = [&](const float (&alpha)[2]) {
+#pragma unroll
+        for (int j = 0; j < NO; j++) {
+            o[4 * j] *= alpha[0];
+            o[4 * j + 1] *= alpha[0];
+            o[4 * j + 2] *= alpha[1];
+            o[4 * j + 3] *= alpha[1];
+        }
+    };
+    /* Ring position pos (the producer's count of key tiles so far): its slot and phase, and the
+       slot's K and V; key0(it) is the first key of the current tile's key tile it (they run
+       from the last to the first). */
+    auto slot = [&](int pos) { return pos % STAGES; };
+    auto phase = [&](int pos) { return (uint32_t)(pos / STAGES) & 1u; };
+    auto k_smem = [&](int pos) { return base + OFF_K + slot(pos) * KV_TILE; };
+    auto v_smem = [&](int pos) { return base + OFF_V + slot(pos) * KV_TILE; };
+    auto key0 = [&](int it) { return (w.t_first + w.ntiles - 1 - it) * BN; };
+
+    /* Varlen: the rows of a tile past its sequence's last key hold the next sequence's tokens
+       (the copy engine zero-fills only past the whole tensor). Their probabilities are 0, but
+       0 x inf is NaN: the V rows are zeroed here (whole 128-byte rows, so the swizzle does not
+       matter; both consumers write the same zeros), made visible to the tensor cores, and the
+       warpgroup synchronises on its named barrier (3 + c) before its products read them. */
+    auto clear_tail = [&](int pos, int kcol0) {
+        const int valid = w.sk - kcol0;
+        if (!a.cu_q || valid >= BN) return;
+        for (int i = wtid; i < PANELS * (BN - valid) * 8; i += 128) {
+            const int x = i / ((BN - valid) * 8), rest = i % ((BN - valid) * 8);
+            const uint32_t addr = v_smem(pos) + x * KV_PANEL + (valid + rest / 8) * 128 + (rest % 8) * 16;
+            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0u) : "memory");
+        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        asm volatile("bar.sync %0, 128;\n" ::"r"(3 + c) : "memory");
+    };
+    /* waits for the K (or V) at ring position pos and gives the slot back once this thread's
+       products have read it; V waits also zero the varlen tail of the current tile's key
+       tile it */
+    auto wait_k = [&](int pos) { mbar_wait(bar_kfull + 8 * slot(pos), phase(pos)); };
+    auto wait_v = [&](int pos, int it) {
+        mbar_wait(bar_vfull + 8 * slot(pos), phase(pos));
+        clear_tail(pos, key0(it));
+    };
+    auto free_k = [&](int pos) { mbar_arrive(bar_kempty + 8 * slot(pos)); };
+    auto free_v = [&](int pos) { mbar_arrive(bar_vempty + 8 * slot(pos)); };
+
+    /* PINGPONG: the two consumers take turns issuing their products (named barriers 1 and 2,
+       256 threads: one consumer syncs, the other arrives), so one's softmax runs while the
+       other's products hold the tensor cores; the turns run on across tiles */
+    const int my_bar = 1 + c, other_bar = 2 - c;
+    auto my_turn = [&]() {
+        if (SCHED == PINGPONG) asm volatile("bar.sync %0, 256;\n" ::"r"(my_bar) : "memory");
+    };
+    auto your_turn = [&]() {
+        if (SCHED == PINGPONG) asm volatile("bar.arrive %0, 256;\n" ::"r"(other_bar) : "memory");
+    };
+    if (SCHED == PINGPONG && c == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory"); /* 0 first */
+
+    /* The next tile from the producer (-1: none left), its Q and Q-empty barrier. */
+    int tc = 0;
+    auto fetch = [&](uint32_t &q_smem, uint32_t &q_empty) {
+        const int qb = tc % NQ;
+        mbar_wait(bar_q + 8 * qb, (uint32_t)(tc / NQ) & 1u);
+        const int t = ld_shared_s32(tile_slot + 4 * qb);
+        tc++;
+        q_smem = base + (qb * 2 + c) * Q_WG;
+        q_empty = bar_qempty + 8 * qb;
+        return t;
+    };
+    /* the softmax state of a new tile x */
+    auto start = [&](const Tile &x) {
+        r_lo = x.row0 + 64 * c + 16 * warp + g;
+        slope = alibi_slope_log2(a.m, x.b, x.h);
+        m[0] = m[1] = -INFINITY;
+        l[0] = l[1] = 0.f;
+    };
+    /* O / l and LSE = m ln2 + log l of tile x; rows past the sequence are not stored */
+    auto store = [&](const Out &x, const float (&mm)[2], const float (&ll)[2]) {
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int row = x.row0 + 64 * c + 16 * warp + g + 8 * hr;
+            const float lt = quad_sum(ll[hr]);
+            const float inv = lt > 0.f ? 1.f / lt : 0.f;
+            if (row >= x.sq) continue;
+            T *orow = (T *)a.o + (int64_t)x.bo * a.o_sb + (int64_t)(x.q0 + row) * a.o_st +
+                      (int64_t)x.h * a.o_sh;
+#pragma unroll
+            for (int j = 0; j < NO; j++)
+                *(uint32_t *)(orow + 8 * j + 2 * t4) =
+                    pack2<T>(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
+            if (a.lse && t4 == 0)
+                a.lse[(int64_t)x.bo * a.lse_sb + (int64_t)x.h * a.lse_sh +
+                      (int64_t)(x.q0 + row) * a.lse_st] =
+                    lt > 0.f ? mm[hr] * 0.6931471805599453f + logf(lt) : -INFINITY;
+        }
+    };
+    auto zero_o = [&]() {
+#pragma unroll
+        for (int i = 0; i < D / 2; i++) o[i] = 0.f;
+    };
+
+    /*
+     * The pipeline: S of key tile it is in flight with P V of key tile it - 1, and the softmax
+     * of tile it runs while that product finishes, so the exponentials overlap the tensor
+     * cores. It runs on across work tiles: the first S of the next tile goes with the last
+     * P V of this one (its Q came into the other buffer meanwhile), and this tile's output is
+     * stored while the next one's first softmax is done (`primed`). Not at d 256: its
+     * accumulator leaves no registers for two tiles' state.
+     */
+    constexpr bool CROSS = D <= 128;
+    float sc[BN / 2], alpha[2];
+    uint32_t pa[BN / 16][4], pn[BN / 16][4];
+    auto take_pn = [&]() {
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) pa[kk][r] = pn[kk][r];
+    };
+    uint32_t qempty = 0, sQn = 0, qempty_n = 0;
+    int t = fetch(sQ, qempty);
+    bool primed = false;
+    if (t >= 0) tile_of<BN>(a, t, w); /* true: the producer passed it */
+    while (t >= 0) {
+        const int nt = w.ntiles;
+        if (!primed) {
+            start(w);
+            zero_o();
+            if (nt == 0) { /* every key masked: O = 0, LSE = -inf */
+                mbar_arrive(qempty);
+                store(out_of(w), m, l);
+                t = fetch(sQ, qempty);
+                if (t >= 0) tile_of<BN>(a, t, w);
+                continue;
+            }
+            wait_k(ring);
+            my_turn();
+            issue_s(sc, k_smem(ring));
+            your_turn();
+            wg_wait<0>();
+            wg_pin(sc);
+            free_k(ring);
+            softmax(sc, key0(0), pa, alpha); /* O is 0: no rescale */
+        }
+        primed = false;
+        for (int it = 1; it < nt; it++) {
+            const int pos = ring + it;
+            wait_k(pos);
+            wait_v(pos - 1, it - 1);
+            my_turn();
+            issue_s(sc, k_smem(pos));
+            issue_pv(pa, v_smem(pos - 1));
+            your_turn();
+            wg_wait<1>(); /* S(it) done; P V(it - 1) may still run, reading pa */
+            wg_pin(sc);
+            free_k(pos);
+            softmax(sc, key0(it), pn, alpha);
+            wg_wait<0>();
+            wg_pin(o);
+            wg_pin(pa); /* pa's registers stay untouched until the product has read them */
+            free_v(pos - 1);
+            rescale(alpha);
+            take_pn();
+        }
+        mbar_arrive(qempty); /* every S of the tile has completed */
+        const int last = ring + nt - 1;
+        t = fetch(sQn, qempty_n);
+        Tile wn;
+        if (t >= 0) tile_of<BN>(a, t, wn);
+        if (CROSS && a.cross && t >= 0 && wn.ntiles > 0) {
+            /* the next tile's first S with this tile's last P V */
+            wait_k(last + 1);
+            wait_v(last, nt - 1);
+            my_turn();
+            sQ = sQn;
+            issue_s(sc, k_smem(last + 1));
+            issue_pv(pa, v_smem(last));
+            your_turn();
+            wg_wait<1>();
+            wg_pin(sc);
+            free_k(last + 1);
+            const Out wo = out_of(w);
+            const float mo[2] = {m[0], m[1]}, lo[2] = {l[0], l[1]};
+            w = wn;
+            qempty = qempty_n;
+            ring = last + 1;
+            start(w);
+            softmax(sc, key0(0), pn, alpha);
+            wg_wait<0>();
+            wg_pin(o);
+            wg_pin(pa);
+            free_v(last);
+            store(wo, mo, lo);
+            zero_o();
+            take_pn();
+            primed = true;
+        } else {
+            wait_v(last, nt - 1);
+            my_turn();
+            issue_pv(pa, v_smem(last));
+            your_turn();
+            wg_wait<0>();
+            wg_pin(o);
+            wg_pin(pa);
+            free_v(last);
+            store(out_of(w), m, l);
+            ring = last + 1;
+            if (t >= 0) {
+                w = wn;
+                sQ = sQn;
+                qempty = qempty_n;
+            }
+        }
+    }
+    /* consumer 0 takes consumer 1's last turn-passing, so no barrier is left half-arrived */
+    if (SCHED == PINGPONG && c == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
+#endif
+}
+
+} // namespace sm90
+} // namespace fa
+
+#endif
