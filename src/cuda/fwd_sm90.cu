@@ -151,8 +151,8 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     const double kv_bytes = 4.0 * (double)p->seqlen_k * (double)D / (double)p->group;
     const double fit = 24.0 * 1024 * 1024 / (kv_bytes > 1 ? kv_bytes : 1);
     a.group_hb = (int)(fit < 1 ? 1 : fit > a.heads * a.batch ? a.heads * a.batch : fit);
-    if (tiles > INT32_MAX) {
-        snprintf(l->msg, sizeof l->msg, "the sm90 forward takes at most 2^31 query blocks");
+    if (tiles > INT32_MAX / 2) { /* tile indices run up to tiles + grid in an int */
+        snprintf(l->msg, sizeof l->msg, "the sm90 forward takes at most 2^30 query blocks");
         return FA_ERR_UNSUPPORTED;
     }
     a.tiles = (int)tiles;
