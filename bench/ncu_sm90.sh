@@ -23,7 +23,6 @@ LIBDIR=$(dirname "$(find /tmp/deps -name 'libcmocka.so*' | head -n 1)")
 export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 [ -n "${PRE:-}" ] && { bash -c "$PRE" >"$OUT/pre.log" 2>&1; echo "pre: exit $?"; }
-export FLASHATTN_CUDA_SM90=1
 for s in $SCHEDULES; do
   # shellcheck disable=SC2086
   FLASHATTN_SM90_SCHEDULE=$s timeout -k 5 200 "$NCU" --clock-control none -k regex:fwd_sm90 \

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # bench/sm90_try.sh — one device call that tries variants of the Hopper forward against each
 # other (issue 7): build (gpu.sh's build stage); for each variant the forward test sweep on the
-# GPU with the sm90 kernel enabled, once with the default grid and once with a persistent grid
-# of 3 blocks (every block loops over tiles), verbose so that the log names the kernel of
-# every case; then the forward bench sweep of each variant; the peers (SDPA cuDNN and flash)
-# once; one table of all variants beside the peers (bench/variants.py).
+# GPU, once with the default grid and once with a persistent grid of 3 blocks (every block
+# loops over tiles), verbose so that the log names the kernel of every case; then the forward
+# bench sweep of each variant; the peers (SDPA cuDNN and flash) once; one table of all variants
+# beside the peers (bench/variants.py).
 #
 #   run(command="COMMIT=<sha> bash bench/sm90_try.sh", carry=[".deps"], timeout_s=600)
 #
@@ -31,7 +31,6 @@ LIBDIR=$(dirname "$(find /tmp/deps -name 'libcmocka.so*' | head -n 1)")
 export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 grep -E "^(date|nvcc|commit)|NVIDIA H" /tmp/fa-build.log | head -n 5 | tee "$S"
 
-export FLASHATTN_CUDA_SM90=1
 # run_variant SPEC CMD...: CMD with the variant's variables set
 run_variant() {
   local spec=$1
@@ -63,7 +62,6 @@ for v in $VARIANTS; do
   echo "bench $n: exit $?" | tee -a "$S"
   variants+=("$n=/tmp/ours_$n.json")
 done
-unset FLASHATTN_CUDA_SM90
 if [ "${PEERS:-1}" = 1 ]; then
   # shellcheck disable=SC2086
   timeout -k 5 200 python3 bench/peers.py --op fwd $SWEEP_ARGS --json "$OUT/peers.json" >>"$OUT/bench.log" 2>&1
