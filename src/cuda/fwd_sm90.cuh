@@ -193,7 +193,8 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
     if (wg == 0) {
         regs_dec<40>();
         if (tid == 0) {
-            int ring = 0, tc = 0, t = blockIdx.x;
+            int s = 0, tc = 0, t = blockIdx.x; /* the ring's slot and phase */
+            uint32_t ph = 0;
             auto next = [&](int t) {
                 return a.counter ? atomicAdd(a.counter, 1) + (int)gridDim.x : t + (int)gridDim.x;
             };
@@ -207,24 +208,31 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
                     break;
                 }
                 mbar_expect_tx(bar_q + 8 * qb, 2 * Q_WG);
+#pragma unroll 1
                 for (int c = 0; c < 2; c++)
+#pragma unroll 1
                     for (int x = 0; x < PANELS; x++)
                         tma_load4(base + (qb * 2 + c) * Q_WG + x * Q_PANEL, &a.tq, bar_q + 8 * qb,
                                   x * 64, w.h, w.q0 + w.row0 + 64 * c, w.bt);
                 const int hk = w.h / a.group;
-                for (int it = 0; it < w.ntiles; it++, ring++) {
-                    const int n = w.t_first + w.ntiles - 1 - it, s = ring % STAGES;
-                    const uint32_t ph = (uint32_t)(ring / STAGES) & 1u;
+                for (int it = 0; it < w.ntiles; it++) {
+                    const int n = w.t_first + w.ntiles - 1 - it;
                     mbar_wait(bar_kempty + 8 * s, ph ^ 1u);
                     mbar_expect_tx(bar_kfull + 8 * s, KV_TILE);
+#pragma unroll 1
                     for (int x = 0; x < PANELS; x++)
                         tma_load4(base + OFF_K + s * KV_TILE + x * KV_PANEL, &a.tk,
                                   bar_kfull + 8 * s, x * 64, hk, w.k0 + n * BN, w.bt);
                     mbar_wait(bar_vempty + 8 * s, ph ^ 1u);
                     mbar_expect_tx(bar_vfull + 8 * s, KV_TILE);
+#pragma unroll 1
                     for (int x = 0; x < PANELS; x++)
                         tma_load4(base + OFF_V + s * KV_TILE + x * KV_PANEL, &a.tv,
                                   bar_vfull + 8 * s, x * 64, hk, w.k0 + n * BN, w.bt);
+                    if (++s == STAGES) {
+                        s = 0;
+                        ph ^= 1u;
+                    }
                 }
                 t = next(t);
             }
@@ -275,13 +283,14 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
     /* Scores without softcap or ALiBi stay raw (the exponent takes scale * log2 e); with them,
        score_log2 converts them to log2 units first. Then the masks (keys outside a row's
        range, past the sequence included) and the online softmax of tile kcol0: m and l move,
-       P leaves as A fragments (k-step kk covers n8 tiles 2kk, 2kk+1), and alpha is what O
-       must be multiplied by before this tile's P V. */
+       the probabilities replace the scores in sc (fp32), and alpha is what O must be
+       multiplied by before this tile's P V. pack_p turns them into 16-bit A fragments (k-step
+       kk covers n8 tiles 2kk, 2kk+1) once the previous P V has read pa: P needs no second set
+       of registers. */
     const bool fancy = a.m.softcap > 0.f || a.m.alibi != nullptr; /* uniform per launch */
     const float mul = fancy ? 1.f : a.m.scale_log2;
     float slope = 0.f;
-    auto softmax = [&](float (&sc)[BN / 2], int kcol0, uint32_t (&pa)[BN / 16][4],
-                       float (&alpha)[2]) {
+    auto softmax = [&](float (&sc)[BN / 2], int kcol0, float (&alpha)[2]) {
         if (fancy) {
 #pragma unroll
             for (int j = 0; j < NS; j++)
@@ -320,10 +329,18 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
                 const float p0 = fast_exp2(fmaf(sc[4 * j + 2 * hr], mul, -m_use));
                 const float p1 = fast_exp2(fmaf(sc[4 * j + 2 * hr + 1], mul, -m_use));
                 sum += p0 + p1;
-                pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(p0, p1);
+                sc[4 * j + 2 * hr] = p0;
+                sc[4 * j + 2 * hr + 1] = p1;
             }
             l[hr] = l[hr] * alpha[hr] + sum;
         }
+    };
+    auto pack_p = [&](const float (&sc)[BN / 2], uint32_t (&pa)[BN / 16][4]) {
+#pragma unroll
+        for (int j = 0; j < NS; j++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++)
+                pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]);
     };
     auto rescale = [&](const float (&alpha)[2]) {
 #pragma unroll
@@ -430,18 +447,11 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
      * of tile it runs while that product finishes, so the exponentials overlap the tensor
      * cores. It runs on across work tiles: the first S of the next tile goes with the last
      * P V of this one (its Q came into the other buffer meanwhile), and this tile's output is
-     * stored while the next one's first softmax is done (`primed`). Not at d 256: its
-     * accumulator leaves no registers for two tiles' state.
+     * stored while the next one's first softmax is done (`primed`).
      */
-    constexpr bool CROSS = D <= 128;
+    constexpr bool CROSS = true;
     float sc[BN / 2], alpha[2];
-    uint32_t pa[BN / 16][4], pn[BN / 16][4];
-    auto take_pn = [&]() {
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++)
-#pragma unroll
-            for (int r = 0; r < 4; r++) pa[kk][r] = pn[kk][r];
-    };
+    uint32_t pa[BN / 16][4];
     uint32_t qempty = 0, sQn = 0, qempty_n = 0;
     int t = fetch(sQ, qempty);
     bool primed = false;
@@ -465,7 +475,8 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             wg_wait<0>();
             wg_pin(sc);
             free_k(ring);
-            softmax(sc, key0(0), pa, alpha); /* O is 0: no rescale */
+            softmax(sc, key0(0), alpha); /* O is 0: no rescale */
+            pack_p(sc, pa);
         }
         primed = false;
         for (int it = 1; it < nt; it++) {
@@ -479,13 +490,13 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             wg_wait<1>(); /* S(it) done; P V(it - 1) may still run, reading pa */
             wg_pin(sc);
             free_k(pos);
-            softmax(sc, key0(it), pn, alpha);
+            softmax(sc, key0(it), alpha);
             wg_wait<0>();
             wg_pin(o);
             wg_pin(pa); /* pa's registers stay untouched until the product has read them */
             free_v(pos - 1);
             rescale(alpha);
-            take_pn();
+            pack_p(sc, pa);
         }
         mbar_arrive(qempty); /* every S of the tile has completed */
         const int last = ring + nt - 1;
@@ -510,14 +521,14 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             qempty = qempty_n;
             ring = last + 1;
             start(w);
-            softmax(sc, key0(0), pn, alpha);
+            softmax(sc, key0(0), alpha);
             wg_wait<0>();
             wg_pin(o);
             wg_pin(pa);
             free_v(last);
             store(wo, mo, lo);
             zero_o();
-            take_pn();
+            pack_p(sc, pa);
             primed = true;
         } else {
             wait_v(last, nt - 1);
