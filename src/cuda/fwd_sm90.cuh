@@ -449,7 +449,6 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
      * P V of this one (its Q came into the other buffer meanwhile), and this tile's output is
      * stored while the next one's first softmax is done (`primed`).
      */
-    constexpr bool CROSS = true;
     float sc[BN / 2], alpha[2];
     uint32_t pa[BN / 16][4];
     uint32_t qempty = 0, sQn = 0, qempty_n = 0;
@@ -503,7 +502,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
         t = fetch(sQn, qempty_n);
         Tile wn;
         if (t >= 0) tile_of<BN>(a, t, wn);
-        if (CROSS && a.cross && t >= 0 && wn.ntiles > 0) {
+        if (a.cross && t >= 0 && wn.ntiles > 0) {
             /* the next tile's first S with this tile's last P V */
             wait_k(last + 1);
             wait_v(last, nt - 1);
