@@ -131,6 +131,10 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
                  "the sm90 forward does not take these strides (tensor map error %d)", (int)r);
         return FA_ERR_UNSUPPORTED;
     }
+    /* O through the copy engine where its strides allow a map (else the threads store it) */
+    static const char *const ostore_vals[] = {"tma", "direct"};
+    a.o_tma = env_choice("FLASHATTN_SM90_OSTORE", ostore_vals, 2) == 0 &&
+              make_map(&a.to, &p->o, p->dtype, D, p->heads_q, tq, nb, 64) == CUDA_SUCCESS;
     a.o = p->o.data;
     a.lse = (float *)p->lse;
     a.o_sb = p->o.sb, a.o_st = p->o.st, a.o_sh = p->o.sh;
@@ -158,7 +162,7 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.tiles = (int)tiles;
 
     /* bring-up switches: FLASHATTN_SM90_SCHEDULE=overlap|pingpong, FLASHATTN_SM90_CROSS=1|0
-       (the pipeline across work tiles), and
+       (the pipeline across work tiles), FLASHATTN_SM90_OSTORE=tma|direct (above), and
        FLASHATTN_SM90_GRID=persistent|tiles|static|dynamic|<n>. Persistent (the default): one
        block per SM looping over the tiles, in the dynamic order where tiles differ in length
        (masks, varlen; it needs the workspace's counter), else static; tiles: one block per

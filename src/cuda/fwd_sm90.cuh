@@ -69,6 +69,7 @@ template <> struct Tiles<256> { using C = Cfg<256, 64, 2, 1>; };
 
 struct Args {
     CUtensorMap tq, tk, tv; /* (d, head, token, batch); boxes (64, 1, rows, 1): Q 64, K/V BN */
+    CUtensorMap to;         /* O, box as Q's; used when o_tma */
     void *o;
     float *lse;
     int64_t o_sb, o_st, o_sh, lse_sb, lse_sh, lse_st;
@@ -77,6 +78,7 @@ struct Args {
     int heads, batch, mblocks, tiles, group_hb; /* work tiles: tile_of */
     int *counter; /* persistent grid, dynamic order: the next tile to take (zeroed per call) */
     int cross;    /* the pipeline runs on across work tiles (bring-up switch) */
+    int o_tma;    /* O leaves through the tile's Q buffer and the copy engine (NQ == 2) */
     ScoreMods m; /* windows (causal: right window 0, bottom-right), scale, softcap, ALiBi */
 };
 
@@ -144,6 +146,9 @@ __device__ __forceinline__ bool tile_of(const Args &a, int t, Tile &w) {
 
 __device__ __forceinline__ void st_shared_s32(uint32_t addr, int v) {
     asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 __device__ __forceinline__ int ld_shared_s32(uint32_t addr) {
     int v;
@@ -417,25 +422,65 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
         m[0] = m[1] = -INFINITY;
         l[0] = l[1] = 0.f;
     };
-    /* O / l and LSE = m ln2 + log l of tile x; rows past the sequence are not stored */
-    auto store = [&](const Out &x, const float (&mm)[2], const float (&ll)[2]) {
+    /* O / l and LSE = m ln2 + log l of tile x; rows past the sequence are not stored.
+       With the copy engine (o_tma, and rows wholly inside the sequence where varlen puts the
+       next sequence's rows after them; otherwise the map clips at the tensor's end), O is
+       written in 16 bits into this consumer's part of the tile's Q buffer (free: every S of
+       the tile has completed), in the 128-byte swizzle of the map, and one thread stores
+       it; the buffer goes back to the producer (`pending`) once the copy has read it, which
+       the next tile's first iteration checks, so the global writes overlap its products.
+       Otherwise every thread stores its own elements, and the buffer goes back at once. */
+    uint32_t pending = 0; /* the Q-empty barrier owed once this consumer's O copy has read */
+    auto release = [&]() {
+        if (!pending) return;
+        if (wtid == 0) bulk_wait_read();
+        mbar_arrive(pending);
+        pending = 0;
+    };
+    auto by_tma = [&](const Tile &x) {
+        return C::NQ == 2 && a.o_tma && (!a.cu_q || x.row0 + 64 * c + 64 <= x.sq);
+    };
+    /* after the tile's last S: the Q buffer goes back now unless O leaves through it */
+    auto q_done = [&](const Tile &x, uint32_t q_empty) {
+        if (!by_tma(x)) mbar_arrive(q_empty);
+    };
+    auto store = [&](const Out &x, bool tma, const float (&mm)[2], const float (&ll)[2],
+                     uint32_t q_smem, uint32_t q_empty) {
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
-            const int row = x.row0 + 64 * c + 16 * warp + g + 8 * hr;
+            const int r = 16 * warp + g + 8 * hr, row = x.row0 + 64 * c + r;
             const float lt = quad_sum(ll[hr]);
             const float inv = lt > 0.f ? 1.f / lt : 0.f;
-            if (row >= x.sq) continue;
-            T *orow = (T *)a.o + (int64_t)x.bo * a.o_sb + (int64_t)(x.q0 + row) * a.o_st +
-                      (int64_t)x.h * a.o_sh;
+            if (tma) {
 #pragma unroll
-            for (int j = 0; j < NO; j++)
-                *(uint32_t *)(orow + 8 * j + 2 * t4) =
-                    pack2<T>(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
+                for (int j = 0; j < NO; j++)
+                    st_shared_u32(q_smem + (j / 8) * Q_PANEL + r * 128 + (((j % 8) ^ (r % 8)) * 16) + 4 * t4,
+                                  pack2<T>(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv));
+            }
+            if (row >= x.sq) continue;
+            if (!tma) {
+                T *orow = (T *)a.o + (int64_t)x.bo * a.o_sb + (int64_t)(x.q0 + row) * a.o_st +
+                          (int64_t)x.h * a.o_sh;
+#pragma unroll
+                for (int j = 0; j < NO; j++)
+                    *(uint32_t *)(orow + 8 * j + 2 * t4) =
+                        pack2<T>(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
+            }
             if (a.lse && t4 == 0)
                 a.lse[(int64_t)x.bo * a.lse_sb + (int64_t)x.h * a.lse_sh +
                       (int64_t)(x.q0 + row) * a.lse_st] =
                     lt > 0.f ? mm[hr] * 0.6931471805599453f + logf(lt) : -INFINITY;
         }
+        if (!tma) return;
+        fence_async_smem();
+        asm volatile("bar.sync %0, 128;\n" ::"r"(3 + c) : "memory");
+        if (wtid == 0) {
+#pragma unroll 1
+            for (int p = 0; p < PANELS; p++)
+                tma_store4(&a.to, q_smem + p * Q_PANEL, p * 64, x.h, x.q0 + x.row0 + 64 * c, x.bo);
+            bulk_commit();
+        }
+        pending = q_empty;
     };
     auto zero_o = [&]() {
 #pragma unroll
@@ -461,8 +506,9 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             start(w);
             zero_o();
             if (nt == 0) { /* every key masked: O = 0, LSE = -inf */
-                mbar_arrive(qempty);
-                store(out_of(w), m, l);
+                release();
+                q_done(w, qempty);
+                store(out_of(w), by_tma(w), m, l, sQ, qempty);
                 t = fetch(sQ, qempty);
                 if (t >= 0) tile_of<BN>(a, t, w);
                 continue;
@@ -486,6 +532,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             issue_s(sc, k_smem(pos));
             issue_pv(pa, v_smem(pos - 1));
             your_turn();
+            release(); /* the previous tile's O copy: long done reading by now */
             wg_wait<1>(); /* S(it) done; P V(it - 1) may still run, reading pa */
             wg_pin(sc);
             free_k(pos);
@@ -497,7 +544,10 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             rescale(alpha);
             pack_p(sc, pa);
         }
-        mbar_arrive(qempty); /* every S of the tile has completed */
+        /* every S of the tile has completed */
+        release();
+        q_done(w, qempty);
+        const bool otma = by_tma(w);
         const int last = ring + nt - 1;
         t = fetch(sQn, qempty_n);
         Tile wn;
@@ -506,6 +556,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             /* the next tile's first S with this tile's last P V */
             wait_k(last + 1);
             wait_v(last, nt - 1);
+            const uint32_t sQo = sQ, qempty_o = qempty;
             my_turn();
             sQ = sQn;
             issue_s(sc, k_smem(last + 1));
@@ -525,7 +576,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             wg_pin(o);
             wg_pin(pa);
             free_v(last);
-            store(wo, mo, lo);
+            store(wo, otma, mo, lo, sQo, qempty_o);
             zero_o();
             pack_p(sc, pa);
             primed = true;
@@ -538,7 +589,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             wg_pin(o);
             wg_pin(pa);
             free_v(last);
-            store(out_of(w), m, l);
+            store(out_of(w), otma, m, l, sQ, qempty);
             ring = last + 1;
             if (t >= 0) {
                 w = wn;
@@ -547,6 +598,8 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             }
         }
     }
+    release();
+    if (wtid == 0) bulk_wait(); /* the shared memory stays until the last copy is done */
     /* consumer 0 takes consumer 1's last turn-passing, so no barrier is left half-arrived */
     if (SCHED == PINGPONG && c == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
 #endif

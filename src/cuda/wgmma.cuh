@@ -57,6 +57,29 @@ __device__ __forceinline__ void tma_load4(uint32_t dst, const CUtensorMap *map, 
         : "memory");
 }
 
+/* ---- bulk tensor copy out: shared memory into box (c0, c1, c2, c3) of a 4-D tensor map,
+   in the issuing thread's bulk async-group. The map clips rows past the tensor's end. The
+   writers of the shared memory make it visible to the copy engine first (fence_async_smem),
+   and the issuer waits for the group's reads before the buffer is written again. ---- */
+
+__device__ __forceinline__ void tma_store4(const CUtensorMap *map, uint32_t src, int c0, int c1,
+                                           int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+                     (uint64_t)map),
+                 "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+/* the shared memory of every committed group has been read (the writes may be in flight) */
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+/* every committed group has completed */
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_async_smem() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 /* ---- registers between warpgroups ---- */
 
 template <int N> __device__ __forceinline__ void regs_dec() {
