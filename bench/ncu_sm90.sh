@@ -3,7 +3,7 @@
 # builds (gpu.sh's build stage), then profiles the sm90 kernel under each of SCHEDULES at one
 # shape and writes, per schedule, the details page (ncu_<s>.csv: speed of light, warp states,
 # instruction mix) and the per-instruction SASS page (sass_<s>.csv: executed instructions and
-# stall samples per line).
+# stall samples per line, summarised by bench/sass_stalls.py).
 #
 #   run(command="COMMIT=<sha> bash bench/ncu_sm90.sh", carry=[".deps"], timeout_s=600)
 #
@@ -34,6 +34,7 @@ for s in $SCHEDULES; do
   echo "ncu $s: exit $?"; tail -n 5 "/tmp/ncu_$s.log"
   "$NCU" --import "/tmp/p_$s.ncu-rep" --page details --csv >"$OUT/ncu_$s.csv" 2>&1
   "$NCU" --import "/tmp/p_$s.ncu-rep" --page source --csv --print-source sass >"$OUT/sass_$s.csv" 2>&1
+  python3 bench/sass_stalls.py "$OUT/sass_$s.csv" --lines 30
   grep -E '"(Duration|Compute \(SM\) Throughput|Issue Slots Busy|Warp Cycles Per Issued Instruction|Executed Ipc Active|Registers Per Thread)"' \
     "$OUT/ncu_$s.csv" | cut -d, -f12- | head -n 12
 done

@@ -79,6 +79,7 @@ struct Args {
     int *counter; /* persistent grid, dynamic order: the next tile to take (zeroed per call) */
     int cross;    /* the pipeline runs on across work tiles (bring-up switch) */
     int o_tma;    /* O leaves through the tile's Q buffer and the copy engine (NQ == 2) */
+    int q_early;  /* the next tile's Q is loaded early in this one (NQ == 2) */
     int l2_hint;  /* K and V loaded to stay in the L2, Q and O to leave it first */
     ScoreMods m; /* windows (causal: right window 0, bottom-right), scale, softcap, ALiBi */
 };
@@ -192,10 +193,10 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
 
     /* ---- the producer takes the tiles: the block's first is its index, then the grid's
        stride (static) or the next of a counter (dynamic: blocks that finish early take
-       more). Per tile, once both consumers are done with the Q buffer's previous tile, it
-       writes the tile's index beside the buffer and loads its Q, then its K/V tiles from the
-       last (the diagonal one under a causal mask) to the first through the ring, whose
-       position (`ring`) runs on across tiles. ---- */
+       more). Per tile it loads the K/V tiles from the last (the diagonal one under a causal
+       mask) to the first through the ring, whose position (`ring`) runs on across tiles,
+       and, once both consumers are done with the next Q buffer's previous tile, writes the
+       next tile's index beside that buffer and loads its Q (load_q). ---- */
     if (wg == 0) {
         regs_dec<40>();
         if (tid == 0) {
@@ -206,14 +207,15 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             auto next = [&](int t) {
                 return a.counter ? atomicAdd(a.counter, 1) + (int)gridDim.x : t + (int)gridDim.x;
             };
-            for (;; tc++) {
-                while (t < a.tiles && !tile_of<BN>(a, t, w)) t = next(t);
+            /* the Q of the tile-th work tile (t, w: false when none is left) into buffer tc % NQ,
+               once the consumers have given it back */
+            auto load_q = [&](int tc, int t, const Tile &w) {
                 const int qb = tc % NQ;
                 mbar_wait(bar_qempty + 8 * qb, ((uint32_t)(tc / NQ) & 1u) ^ 1u); /* fresh: 1 */
                 st_shared_s32(tile_slot + 4 * qb, t < a.tiles ? t : -1);
                 if (t >= a.tiles) {
                     mbar_arrive(bar_q + 8 * qb);
-                    break;
+                    return;
                 }
                 mbar_expect_tx(bar_q + 8 * qb, 2 * Q_WG);
 #pragma unroll 1
@@ -222,27 +224,50 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
                     for (int x = 0; x < PANELS; x++)
                         tma_load4(base + (qb * 2 + c) * Q_WG + x * Q_PANEL, &a.tq, bar_q + 8 * qb,
                                   x * 64, w.h, w.q0 + w.row0 + 64 * c, w.bt, pol_q);
-                const int hk = w.h / a.group;
-                for (int it = 0; it < w.ntiles; it++) {
-                    const int n = w.t_first + w.ntiles - 1 - it;
+            };
+            auto find = [&](int t, Tile &x) {
+                while (t < a.tiles && !tile_of<BN>(a, t, x)) t = next(t);
+                return t;
+            };
+            t = find(t, w);
+            load_q(0, t, w);
+            /* With two Q buffers the next tile's Q goes out after the third K/V of this one
+               (its buffer comes back early in this tile), so its latency hides behind this
+               tile's products; with one, after the last. */
+            for (; t < a.tiles; tc++) {
+                const int nt = w.ntiles, hk = w.h / a.group, t_first = w.t_first;
+                const int k0 = w.k0, bt = w.bt;
+                const int q_at = NQ == 2 && a.q_early ? min(2, nt - 1) : nt - 1;
+                int tn = 0;
+                if (nt == 0) {
+                    tn = find(next(t), w);
+                    load_q(tc + 1, tn, w);
+                }
+#pragma unroll 1
+                for (int it = 0; it < nt; it++) {
+                    const int n = t_first + nt - 1 - it;
                     mbar_wait(bar_kempty + 8 * s, ph ^ 1u);
                     mbar_expect_tx(bar_kfull + 8 * s, KV_TILE);
 #pragma unroll 1
                     for (int x = 0; x < PANELS; x++)
                         tma_load4(base + OFF_K + s * KV_TILE + x * KV_PANEL, &a.tk,
-                                  bar_kfull + 8 * s, x * 64, hk, w.k0 + n * BN, w.bt, pol_kv);
+                                  bar_kfull + 8 * s, x * 64, hk, k0 + n * BN, bt, pol_kv);
                     mbar_wait(bar_vempty + 8 * s, ph ^ 1u);
                     mbar_expect_tx(bar_vfull + 8 * s, KV_TILE);
 #pragma unroll 1
                     for (int x = 0; x < PANELS; x++)
                         tma_load4(base + OFF_V + s * KV_TILE + x * KV_PANEL, &a.tv,
-                                  bar_vfull + 8 * s, x * 64, hk, w.k0 + n * BN, w.bt, pol_kv);
+                                  bar_vfull + 8 * s, x * 64, hk, k0 + n * BN, bt, pol_kv);
                     if (++s == STAGES) {
                         s = 0;
                         ph ^= 1u;
                     }
+                    if (it == q_at) { /* w becomes the next tile */
+                        tn = find(next(t), w);
+                        load_q(tc + 1, tn, w);
+                    }
                 }
-                t = next(t);
+                t = tn;
             }
         }
         return;
