@@ -79,6 +79,10 @@ static const tk_case fwd_cases[] = {
     {SHAPE("d128-causal-sq>sk", 2, 257, 100, 2, 2, 128, BF16), .causal = 1},
     {SHAPE("d64-causal-tiles", 2, 150, 333, 4, 4, 64, F16), .causal = 1},
     {SHAPE("d256-gqa-tiles", 1, 129, 130, 2, 1, 256, BF16)},
+    /* peaked scores over several key tiles: the running max grows by more than the sm90
+       forward's lazy-rescale threshold (2^8) between tiles, so O is rescaled mid-row */
+    {SHAPE("d128-peaked-tiles", 1, 130, 700, 4, 2, 128, F16), .scale = 1.0f},
+    {SHAPE("d64-peaked-causal", 2, 300, 300, 2, 2, 64, BF16), .scale = 1.0f, .causal = 1},
 };
 
 static const tk_case bwd_cases[] = {

@@ -80,6 +80,7 @@ struct Args {
     int cross;    /* the pipeline runs on across work tiles (bring-up switch) */
     int o_tma;    /* O leaves through the tile's Q buffer and the copy engine (NQ == 2) */
     int q_early;  /* the next tile's Q is loaded early in this one (NQ == 2) */
+    float lazy;   /* the running max moves only when it grows by more than this (log2) */
     int l2_hint;  /* K and V loaded to stay in the L2, Q and O to leave it first */
     ScoreMods m; /* windows (causal: right window 0, bottom-right), scale, softcap, ALiBi */
 };
@@ -352,7 +353,10 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
 #pragma unroll
             for (int j = 0; j < NS; j++) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]));
             mx = quad_max(mx) * mul;
-            const float m_new = fmaxf(m[hr], mx);
+            /* lazy: the reference max moves only when the tile's exceeds it by more than
+               a.lazy (log2 units), so most tiles leave O as it is (alpha 1); probabilities
+               then reach 2^a.lazy, which 16 bits and the fp32 sums hold */
+            const float m_new = mx > m[hr] + a.lazy ? mx : m[hr];
             const float m_use = m_new == -INFINITY ? 0.f : m_new;
             alpha[hr] = fast_exp2(m[hr] - m_use);
             m[hr] = m_new;
@@ -570,7 +574,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             wg_pin(o);
             wg_pin(pa); /* pa's registers stay untouched until the product has read them */
             free_v(pos - 1);
-            rescale(alpha);
+            if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) rescale(alpha);
             pack_p(sc, pa);
         }
         /* every S of the tile has completed */
