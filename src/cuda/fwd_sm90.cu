@@ -183,8 +183,6 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     const char *lazy = getenv("FLASHATTN_SM90_LAZY");
     a.lazy = lazy ? (float)atof(lazy) : 8.f;
     if (!(a.lazy >= 0.f && a.lazy <= 8.f)) a.lazy = 8.f; /* P stays below 2^8: what was tested */
-    static const char *const early_s_vals[] = {"1", "0"};
-    a.early_s = env_choice("FLASHATTN_SM90_EARLYS", early_s_vals, 2) == 0;
     static const char *const hint_vals[] = {"0", "1"};
     a.l2_hint = env_choice("FLASHATTN_SM90_L2HINT", hint_vals, 2);
     const int gmode = env_choice("FLASHATTN_SM90_GRID", grid_vals, 4);

@@ -81,7 +81,6 @@ struct Args {
     int o_tma;    /* O leaves through the tile's Q buffer and the copy engine (NQ == 2) */
     int q_early;  /* the next tile's Q is loaded early in this one (NQ == 2) */
     float lazy;   /* the running max moves only when it grows by more than this (log2) */
-    int early_s;  /* the next tile's second S is issued before this tile's O is stored */
     int l2_hint;  /* K and V loaded to stay in the L2, Q and O to leave it first */
     ScoreMods m; /* windows (causal: right window 0, bottom-right), scale, softcap, ALiBi */
 };
@@ -175,11 +174,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
     const uint32_t bar_kfull = bar_qempty + 8 * NQ, bar_vfull = bar_kfull + 8 * STAGES;
     const uint32_t bar_kempty = bar_vfull + 8 * STAGES, bar_vempty = bar_kempty + 8 * STAGES;
     const uint32_t tile_slot = base + C::OFF_TILE;
-    /* the warpgroup index and the tile index (fetch) pass through a shuffle from lane 0 so
-       that the compiler knows them uniform across the warp: the wgmma descriptors derived
-       from them then live in uniform registers instead of being moved there (R2UR) before
-       every product */
-    const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0);
+    const int tid = threadIdx.x, wg = tid / 128;
 
     if (tid == 0) {
         for (int q = 0; q < NQ; q++) {
@@ -309,16 +304,14 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
         }
         wg_commit();
     };
-    /* O += P V (first: O = P V): k-step kk is keys 16kk.. = rows 16kk.. of every V panel
-       (leading offset: the panels, KV_PANEL apart; stride: the next 8 keys). Issued, not
-       waited for. */
-    auto issue_pv = [&](const uint32_t (&pa)[BN / 16][4], uint32_t sV, bool first = false) {
+    /* O += P V: k-step kk is keys 16kk.. = rows 16kk.. of every V panel (leading offset: the
+       panels, KV_PANEL apart; stride: the next 8 keys). Issued, not waited for. */
+    auto issue_pv = [&](const uint32_t (&pa)[BN / 16][4], uint32_t sV) {
         wg_pin(o);
         wg_fence();
         const Desc dv = desc_sw128(sV, KV_PANEL, 1024);
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++)
-            Wgmma<T, D>::rs(o, pa[kk], desc_at(dv, kk * 16 * 128), kk > 0 || !first);
+        for (int kk = 0; kk < BN / 16; kk++) Wgmma<T, D>::rs(o, pa[kk], desc_at(dv, kk * 16 * 128), 1);
         wg_commit();
     };
     /* Scores without softcap or ALiBi stay raw (the exponent takes scale * log2 e); with them,
@@ -448,7 +441,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
     auto fetch = [&](uint32_t &q_smem, uint32_t &q_empty) {
         const int qb = tc % NQ;
         mbar_wait(bar_q + 8 * qb, (uint32_t)(tc / NQ) & 1u);
-        const int t = __shfl_sync(0xffffffffu, ld_shared_s32(tile_slot + 4 * qb), 0);
+        const int t = ld_shared_s32(tile_slot + 4 * qb);
         tc++;
         q_smem = base + (qb * 2 + c) * Q_WG;
         q_empty = bar_qempty + 8 * qb;
@@ -538,7 +531,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
     uint32_t pa[BN / 16][4];
     uint32_t qempty = 0, sQn = 0, qempty_n = 0;
     int t = fetch(sQ, qempty);
-    bool primed = false, issued1 = false; /* issued1: S(1) and P V(0) are already in flight */
+    bool primed = false;
     if (t >= 0) tile_of<BN>(a, t, w); /* true: the producer passed it */
     while (t >= 0) {
         const int nt = w.ntiles;
@@ -566,14 +559,12 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
         primed = false;
         for (int it = 1; it < nt; it++) {
             const int pos = ring + it;
-            if (!(it == 1 && issued1)) {
-                wait_k(pos);
-                wait_v(pos - 1, it - 1);
-                my_turn();
-                issue_s(sc, k_smem(pos));
-                issue_pv(pa, v_smem(pos - 1));
-                your_turn();
-            }
+            wait_k(pos);
+            wait_v(pos - 1, it - 1);
+            my_turn();
+            issue_s(sc, k_smem(pos));
+            issue_pv(pa, v_smem(pos - 1));
+            your_turn();
             release(); /* the previous tile's O copy: long done reading by now */
             wg_wait<1>(); /* S(it) done; P V(it - 1) may still run, reading pa */
             wg_pin(sc);
@@ -586,7 +577,6 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) rescale(alpha);
             pack_p(sc, pa);
         }
-        issued1 = false;
         /* every S of the tile has completed */
         release();
         q_done(w, qempty);
@@ -619,26 +609,9 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
             wg_pin(o);
             wg_pin(pa);
             free_v(last);
-            /* with a second key tile, its S goes out before this tile's output is stored, and
-               P V(0) (overwriting O) after it: the store overlaps the tensor cores. Not at
-               d 128, where P, S, O and the store's registers together spill (260 bytes). */
-            issued1 = D != 128 && a.early_s && w.ntiles > 1;
-            if (issued1) {
-                pack_p(sc, pa);
-                wait_k(ring + 1);
-                my_turn();
-                issue_s(sc, k_smem(ring + 1));
-                your_turn();
-                store(wo, otma, mo, lo, sQo, qempty_o);
-                wait_v(ring, 0);
-                my_turn();
-                issue_pv(pa, v_smem(ring), true);
-                your_turn();
-            } else {
-                store(wo, otma, mo, lo, sQo, qempty_o);
-                zero_o();
-                pack_p(sc, pa);
-            }
+            store(wo, otma, mo, lo, sQo, qempty_o);
+            zero_o();
+            pack_p(sc, pa);
             primed = true;
         } else {
             wait_v(last, nt - 1);
