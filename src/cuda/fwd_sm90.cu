@@ -105,6 +105,46 @@ int env_choice(const char *name, const char *const *vals, int n) {
     return 0;
 }
 
+/*
+ * Bring-up switches (the GPU runs chose the defaults; bench/NOTES.md has each A/B):
+ *   FLASHATTN_SM90_SCHEDULE=overlap|pingpong   consumer schedule
+ *   FLASHATTN_SM90_CROSS=1|0      the pipeline runs on across work tiles
+ *   FLASHATTN_SM90_OSTORE=tma|direct   O by the copy engine through the Q buffer, or by threads
+ *   FLASHATTN_SM90_QEARLY=1|0     the next tile's Q after this tile's third K/V, or its last
+ *   FLASHATTN_SM90_LAZY=<0..8>    softmax rescale threshold, log2 units (0: every increase)
+ *   FLASHATTN_SM90_L2MB=<MB>      L2 budget of a tile group's K/V (default 12; 0: one pair)
+ *   FLASHATTN_SM90_GRID=persistent|tiles|static|dynamic|<n>   persistent (default): one block
+ *       per SM looping over the tiles, in the dynamic order where tiles differ in length
+ *       (masks, varlen; it needs the workspace's counter), else static; tiles: one block per
+ *       tile; static/dynamic: persistent in that order; n: at most n blocks (the tests use a
+ *       small n so that every block takes several tiles)
+ */
+struct Switches {
+    int sched, cross, o_tma, q_early, gmode, blocks;
+    float lazy;
+    double l2mb;
+};
+Switches switches() {
+    static const char *const sched_vals[] = {"overlap", "pingpong"};
+    static const char *const on_off[] = {"1", "0"};
+    static const char *const ostore_vals[] = {"tma", "direct"};
+    static const char *const grid_vals[] = {"persistent", "tiles", "static", "dynamic"};
+    Switches w;
+    w.sched = env_choice("FLASHATTN_SM90_SCHEDULE", sched_vals, 2);
+    w.cross = env_choice("FLASHATTN_SM90_CROSS", on_off, 2) == 0;
+    w.o_tma = env_choice("FLASHATTN_SM90_OSTORE", ostore_vals, 2) == 0;
+    w.q_early = env_choice("FLASHATTN_SM90_QEARLY", on_off, 2) == 0;
+    const char *lazy = getenv("FLASHATTN_SM90_LAZY");
+    w.lazy = lazy ? (float)atof(lazy) : 8.f;
+    if (!(w.lazy >= 0.f && w.lazy <= 8.f)) w.lazy = 8.f; /* P stays below 2^8: what was tested */
+    const char *l2 = getenv("FLASHATTN_SM90_L2MB");
+    w.l2mb = l2 ? atof(l2) : 12.0; /* 24 was ~1% slower */
+    w.gmode = env_choice("FLASHATTN_SM90_GRID", grid_vals, 4);
+    const char *g = getenv("FLASHATTN_SM90_GRID");
+    w.blocks = g && atoi(g) > 0 ? atoi(g) : 0;
+    return w;
+}
+
 } // namespace sm90
 } // namespace fa
 
@@ -118,6 +158,7 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
         return FA_ERR_UNSUPPORTED;
     }
     const int D = kernel_dim(p->d), BN = bn_for(D);
+    const Switches sw = switches();
     Args a;
     memset(&a, 0, sizeof a);
     /* varlen: one sequence of all the tokens, batch 1 */
@@ -132,9 +173,7 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
         return FA_ERR_UNSUPPORTED;
     }
     /* O through the copy engine where its strides allow a map (else the threads store it) */
-    static const char *const ostore_vals[] = {"tma", "direct"};
-    a.o_tma = env_choice("FLASHATTN_SM90_OSTORE", ostore_vals, 2) == 0 &&
-              make_map(&a.to, &p->o, p->dtype, D, p->heads_q, tq, nb, 64) == CUDA_SUCCESS;
+    a.o_tma = sw.o_tma && make_map(&a.to, &p->o, p->dtype, D, p->heads_q, tq, nb, 64) == CUDA_SUCCESS;
     a.o = p->o.data;
     a.lse = (float *)p->lse;
     a.o_sb = p->o.sb, a.o_st = p->o.st, a.o_sh = p->o.sh;
@@ -147,16 +186,13 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.m = fa::score_mods_of(p);
 
     /* the work tiles (tile_of): pairs grouped so that a group's K and V take at most
-       FLASHATTN_SM90_L2MB (default 12; 24 was ~1% slower) MB of the L2 (the H100 has 50
-       MB); 0: one pair a group (pair-major order) */
+       sw.l2mb MB of the L2 (the H100 has 50 MB) */
     a.heads = (int)p->heads_q;
     a.batch = (int)p->batch;
     a.mblocks = (int)((p->seqlen_q + BM - 1) / BM);
     const int64_t tiles = (int64_t)a.mblocks * a.heads * a.batch;
     const double kv_bytes = 4.0 * (double)p->seqlen_k * (double)D / (double)p->group;
-    const char *l2env = getenv("FLASHATTN_SM90_L2MB");
-    const double l2mb = l2env ? atof(l2env) : 12.0;
-    const double fit = l2mb * 1024 * 1024 / (kv_bytes > 1 ? kv_bytes : 1);
+    const double fit = sw.l2mb * 1024 * 1024 / (kv_bytes > 1 ? kv_bytes : 1);
     a.group_hb = (int)(fit < 1 ? 1 : fit > a.heads * a.batch ? a.heads * a.batch : fit);
     if (tiles > INT32_MAX / 2) { /* tile indices run up to tiles + grid in an int */
         snprintf(l->msg, sizeof l->msg, "the sm90 forward takes at most 2^30 query blocks");
@@ -164,32 +200,13 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     }
     a.tiles = (int)tiles;
 
-    /* bring-up switches: FLASHATTN_SM90_SCHEDULE=overlap|pingpong, FLASHATTN_SM90_CROSS=1|0
-       (the pipeline across work tiles), FLASHATTN_SM90_OSTORE=tma|direct (above), and
-       FLASHATTN_SM90_GRID=persistent|tiles|static|dynamic|<n>. Persistent (the default): one
-       block per SM looping over the tiles, in the dynamic order where tiles differ in length
-       (masks, varlen; it needs the workspace's counter), else static; tiles: one block per
-       tile; static/dynamic: persistent in that order; n: at most n blocks (the tests use a
-       small n so that every block takes several tiles) */
-    static const char *const sched_vals[] = {"overlap", "pingpong"};
-    static const char *const grid_vals[] = {"persistent", "tiles", "static", "dynamic"};
-    const int sched = env_choice("FLASHATTN_SM90_SCHEDULE", sched_vals, 2);
-    static const char *const cross_vals[] = {"1", "0"};
-    a.cross = env_choice("FLASHATTN_SM90_CROSS", cross_vals, 2) == 0;
-    static const char *const early_vals[] = {"1", "0"};
-    a.q_early = env_choice("FLASHATTN_SM90_QEARLY", early_vals, 2) == 0;
-    /* FLASHATTN_SM90_LAZY: the softmax's rescale threshold in log2 units (default 8; 0: the
-       max moves at every increase) */
-    const char *lazy = getenv("FLASHATTN_SM90_LAZY");
-    a.lazy = lazy ? (float)atof(lazy) : 8.f;
-    if (!(a.lazy >= 0.f && a.lazy <= 8.f)) a.lazy = 8.f; /* P stays below 2^8: what was tested */
-    static const char *const hint_vals[] = {"0", "1"};
-    a.l2_hint = env_choice("FLASHATTN_SM90_L2HINT", hint_vals, 2);
-    const int gmode = env_choice("FLASHATTN_SM90_GRID", grid_vals, 4);
+    a.cross = sw.cross;
+    a.q_early = sw.q_early;
+    a.lazy = sw.lazy;
+    const int sched = sw.sched, gmode = sw.gmode;
     const bool uneven = a.m.win_left >= 0 || a.m.win_right >= 0 || p->cu_q;
     const bool dynamic = l->ws && l->ws_bytes >= 4 && (gmode == 3 || (gmode == 0 && uneven));
-    const char *genv = getenv("FLASHATTN_SM90_GRID");
-    const int blocks = genv && atoi(genv) > 0 ? atoi(genv) : l->num_sms > 0 ? l->num_sms : 1;
+    const int blocks = sw.blocks > 0 ? sw.blocks : l->num_sms > 0 ? l->num_sms : 1;
     const int grid = gmode != 1 && a.tiles > blocks ? blocks : a.tiles;
     static const char *const sched_name[] = {"", "_pingpong"};
     const cudaStream_t st = (cudaStream_t)l->stream;

@@ -81,7 +81,6 @@ struct Args {
     int o_tma;    /* O leaves through the tile's Q buffer and the copy engine (NQ == 2) */
     int q_early;  /* the next tile's Q is loaded early in this one (NQ == 2) */
     float lazy;   /* the running max moves only when it grows by more than this (log2) */
-    int l2_hint;  /* K and V loaded to stay in the L2, Q and O to leave it first */
     ScoreMods m; /* windows (causal: right window 0, bottom-right), scale, softcap, ALiBi */
 };
 
@@ -202,8 +201,6 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
         regs_dec<40>();
         if (tid == 0) {
             int s = 0, tc = 0, t = blockIdx.x; /* the ring's slot and phase */
-            const uint64_t pol_kv = a.l2_hint ? l2_policy<L2_LAST>() : l2_policy<L2_NORMAL>();
-            const uint64_t pol_q = a.l2_hint ? l2_policy<L2_FIRST>() : l2_policy<L2_NORMAL>();
             uint32_t ph = 0;
             auto next = [&](int t) {
                 return a.counter ? atomicAdd(a.counter, 1) + (int)gridDim.x : t + (int)gridDim.x;
@@ -224,7 +221,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
 #pragma unroll 1
                     for (int x = 0; x < PANELS; x++)
                         tma_load4(base + (qb * 2 + c) * Q_WG + x * Q_PANEL, &a.tq, bar_q + 8 * qb,
-                                  x * 64, w.h, w.q0 + w.row0 + 64 * c, w.bt, pol_q);
+                                  x * 64, w.h, w.q0 + w.row0 + 64 * c, w.bt);
             };
             auto find = [&](int t, Tile &x) {
                 while (t < a.tiles && !tile_of<BN>(a, t, x)) t = next(t);
@@ -252,13 +249,13 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
 #pragma unroll 1
                     for (int x = 0; x < PANELS; x++)
                         tma_load4(base + OFF_K + s * KV_TILE + x * KV_PANEL, &a.tk,
-                                  bar_kfull + 8 * s, x * 64, hk, k0 + n * BN, bt, pol_kv);
+                                  bar_kfull + 8 * s, x * 64, hk, k0 + n * BN, bt);
                     mbar_wait(bar_vempty + 8 * s, ph ^ 1u);
                     mbar_expect_tx(bar_vfull + 8 * s, KV_TILE);
 #pragma unroll 1
                     for (int x = 0; x < PANELS; x++)
                         tma_load4(base + OFF_V + s * KV_TILE + x * KV_PANEL, &a.tv,
-                                  bar_vfull + 8 * s, x * 64, hk, k0 + n * BN, bt, pol_kv);
+                                  bar_vfull + 8 * s, x * 64, hk, k0 + n * BN, bt);
                     if (++s == STAGES) {
                         s = 0;
                         ph ^= 1u;
@@ -507,10 +504,9 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
         fence_async_smem();
         asm volatile("bar.sync %0, 128;\n" ::"r"(3 + c) : "memory");
         if (wtid == 0) {
-            const uint64_t pol = a.l2_hint ? l2_policy<L2_FIRST>() : l2_policy<L2_NORMAL>();
 #pragma unroll 1
             for (int p = 0; p < PANELS; p++)
-                tma_store4(&a.to, q_smem + p * Q_PANEL, p * 64, x.h, x.q0 + x.row0 + 64 * c, x.bo, pol);
+                tma_store4(&a.to, q_smem + p * Q_PANEL, p * 64, x.h, x.q0 + x.row0 + 64 * c, x.bo);
             bulk_commit();
         }
         pending = q_empty;

@@ -56,28 +56,7 @@ __device__ __forceinline__ void tma_load4(uint32_t dst, const CUtensorMap *map, 
         "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
         : "memory");
 }
-/* the same with an L2 eviction priority (l2_policy) for the lines it brings in */
-__device__ __forceinline__ void tma_load4(uint32_t dst, const CUtensorMap *map, uint32_t bar,
-                                          int c0, int c1, int c2, int c3, uint64_t policy) {
-    asm volatile(
-        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-        " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
-        "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "l"(policy)
-        : "memory");
-}
-/* L2 policies: lines kept before others (data many blocks read: K, V), lines dropped first
-   (read or written once: Q, O), or the default */
-enum L2Prio { L2_LAST, L2_FIRST, L2_NORMAL };
-template <L2Prio P> __device__ __forceinline__ uint64_t l2_policy() {
-    uint64_t p;
-    if (P == L2_LAST)
-        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
-    else if (P == L2_FIRST)
-        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
-    else
-        asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(p));
-    return p;
-}
+
 
 /* ---- bulk tensor copy out: shared memory into box (c0, c1, c2, c3) of a 4-D tensor map,
    in the issuing thread's bulk async-group. The map clips rows past the tensor's end. The
@@ -85,10 +64,10 @@ template <L2Prio P> __device__ __forceinline__ uint64_t l2_policy() {
    and the issuer waits for the group's reads before the buffer is written again. ---- */
 
 __device__ __forceinline__ void tma_store4(const CUtensorMap *map, uint32_t src, int c0, int c1,
-                                           int c2, int c3, uint64_t policy) {
-    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group.L2::cache_hint"
-                 " [%0, {%2, %3, %4, %5}], [%1], %6;\n" ::"l"((uint64_t)map),
-                 "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "l"(policy)
+                                           int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+                     (uint64_t)map),
+                 "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
                  : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
