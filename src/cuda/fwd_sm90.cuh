@@ -10,12 +10,14 @@
  *     gives its registers away (setmaxnreg) and keeps 40.
  *   warpgroups 1 and 2, the consumers: 64 query rows each. Per key tile:
  *       S = Q K^T      wgmma m64n{BN}k16, A and B from shared memory (K-major), D/16 k-steps
- *       mask / online softmax in registers (running max and sum, O rescaled), P to 16 bits
- *                      in the A-fragment layout (C-to-A identity, ptx.cuh)
+ *       mask / online softmax in registers (running max and sum; O rescaled only when the
+ *                      max grows by more than 2^8, `lazy`), P to 16 bits in the A-fragment
+ *                      layout (C-to-A identity, ptx.cuh)
  *       O += P V       wgmma m64n{D}k16, A from registers, B = V from shared memory (MN-major)
  *     S of key tile j + 1 is issued with P V of tile j, and the softmax of j + 1 runs while
  *     the latter finishes (across work tiles too); K is released after S, V after P V.
- *     Schedule PINGPONG (a bring-up switch) adds turns between the two consumers.
+ *     Schedule PINGPONG (a bring-up switch) adds turns between the two consumers. O leaves
+ *     through the finished tile's Q buffer and the copy engine (d 64/128; `store`).
  *
  * It serves head dims 64, 128 and 256, fp16/bf16, BSHD and varlen, every mask (causal
  * bottom-right, windows), softcap, ALiBi, GQA; fa_sm90_fwd refuses everything else (other
