@@ -221,6 +221,12 @@ typedef struct fa_context fa_context;
  * FA_ERR_NO_BACKEND when the library was built without CUDA or no device is usable.
  * Environment: FLASHATTN_LOG=1 prints every kernel choice to stderr; FLASHATTN_STRICT=1 makes
  * the context strict (see fa_context_set_strict); FLASHATTN_NUM_THREADS sets the thread count.
+ * CPU backend: FLASHATTN_CPU_ISA=amx|avx512|avx2|scalar forces an instruction-set level (one
+ * the CPU lacks is an error); at the amx level (the default on CPUs with AMX-BF16) the fp32
+ * forward runs on the AMX unit, each fp32 product formed from six products of bf16 parts
+ * (kernel cpu_fwd_amx_bf16x6_f32_*, fp32 accuracy under the library's 2x rule), and
+ * FLASHATTN_CPU_F32_AMX=0 returns it to the AVX-512 FMA kernel (the selection's reason says
+ * so); FLASHATTN_CPU_BWD_SCHEDULE=one-pass|two-pass forces the backward's schedule.
  * Returns FA_OK, FA_ERR_NULL_POINTER, FA_ERR_INVALID_ARGUMENT, FA_ERR_NO_BACKEND,
  * FA_ERR_OUT_OF_MEMORY. On error *ctx is set to NULL and fa_last_error(NULL) has the message.
  */
@@ -309,8 +315,9 @@ FA_API fa_status fa_fwd(fa_context *ctx, const fa_tensor *q, const fa_tensor *k,
                         const fa_tensor *v, const fa_params *p, fa_tensor *out, fa_tensor *lse);
 
 /* Bytes of workspace fa_fwd would use for these arguments (validated as fa_fwd does). On the
-   CPU: a few tiles per thread, whatever the sequence length; the amx level's bf16 forward also
-   holds a bf16 copy of K and V (packed for its tiles). */
+   CPU: a few tiles per thread, whatever the sequence length; the amx level's forward also
+   holds a bf16 copy of K and V (packed for its tiles; for fp32 inputs three bf16 parts of
+   each value, 1.5x the size of K and V). */
 FA_API fa_status fa_fwd_workspace_size(fa_context *ctx, const fa_tensor *q, const fa_tensor *k,
                                        const fa_tensor *v, const fa_params *p, size_t *bytes);
 

@@ -1,5 +1,6 @@
 /*
- * cpu/fwd_amx.c — FlashAttention forward for bf16 inputs on AMX (the `amx` level, isa.h).
+ * cpu/fwd_amx.c — FlashAttention forward on AMX (the `amx` level, isa.h), for bf16 inputs and,
+ * by products of split bf16 parts (amx_split.h), for fp32 ones.
  *
  * Same algorithm as fwd_tiled.c (work item = one query tile of one (batch, head), online
  * softmax over the keys, one division at the end), with both tile products on the AMX unit:
@@ -26,12 +27,19 @@
  *
  * Scale placement is fwd_tiled.c's (fa_tm_needs_transform): raw dot products, the scale inside
  * the exponential on tiles without a transform, the transform scaling the others.
+ *
+ * fp32 inputs (`parts` 3, the kernel cpu_fwd_amx_bf16x6_f32): K, V and Q are split into hi, mid and
+ * lo bf16 parts when they are packed, P in the softmax's write-out, and each product runs the
+ * six partial products of amx_split.h into the same fp32 accumulator. Every buffer of bf16
+ * operands then holds three parts; the softmax is fp32 throughout, with fwd_tiled.c's accurate
+ * exponentials in place of the bf16 path's short polynomials.
  */
 #include <math.h>
 #include <string.h>
 
 #include "isa.h"
 #include "amx_common.h"
+#include "amx_split.h"
 
 #define BQ FA_TM_BQ /* query rows per work item (64: fa_tm_qrows, fa_tm_scores_kmajor) */
 #define BK 256      /* keys per O += P V step (one load and store of the accumulator) */
@@ -64,27 +72,39 @@ static size_t pack_bytes(const fa_problem *p) {
 /* ---- per-thread buffers ---- */
 
 typedef struct amx_bufs {
-    uint32_t *qt;  /* dp/2 x BQ: Q^T in VNNI pairs, qt[r][i] = (q[i][2r], q[i][2r+1]) */
-    uint16_t *stg; /* BQ x dp: rows of Q (or V, when packing) converted, zero-padded */
+    uint32_t *qt;  /* per part dp/2 x BQ: Q^T in VNNI pairs, qt[r][i] = (q[i][2r], q[i][2r+1]) */
+    uint16_t *stg; /* per part BQ x dp: rows of Q (or V, when packing) converted, zero-padded */
     float *st;     /* KS x BQ: scores of one strip of 32 keys, key-major */
-    uint32_t *pt;  /* BK/2 x BQ: P^T in VNNI pairs, pt[r][i] = (p[2r][i], p[2r+1][i]) */
+    uint32_t *pt;  /* per part BK/2 x BQ: P^T in VNNI pairs, pt[r][i] = (p[2r][i], p[2r+1][i]) */
     float *ot;     /* dp x BQ: output accumulator, transposed, scaled by exp(-m) */
     float *m;      /* BQ: running max of each query row (scaled units) */
     float *l;      /* BQ: running sum of exp(s - m) */
     float *mn;     /* BQ: the running max after the current strip */
 } amx_bufs;
 
-/* Places the buffers at base (or only counts, base NULL); returns floats per thread. */
-static size_t amx_layout(int dp, float *base, amx_bufs *b) {
+/* Places a query tile's own buffers (Q^T, the accumulator and the row statistics) at
+   base + *off (or only counts, base NULL). */
+static void amx_layout_own(int dp, int parts, float *base, size_t *off, amx_bufs *b) {
+    b->qt = (uint32_t *)fa_tm_take(base, off, (size_t)parts * dp / 2 * BQ);
+    b->ot = fa_tm_take(base, off, (size_t)dp * BQ);
+    b->m = fa_tm_take(base, off, BQ);
+    b->l = fa_tm_take(base, off, BQ);
+    b->mn = fa_tm_take(base, off, BQ);
+}
+
+/* The same for the buffers a thread's query tiles take turns with (staging, S, P^T). */
+static void amx_layout_shared(int dp, int parts, float *base, size_t *off, amx_bufs *b) {
+    b->stg = (uint16_t *)fa_tm_take(base, off, (size_t)parts * BQ * dp / 2);
+    b->st = fa_tm_take(base, off, (size_t)KS * BQ);
+    b->pt = (uint32_t *)fa_tm_take(base, off, (size_t)parts * BK / 2 * BQ);
+}
+
+/* Places all the buffers of one query tile at base (or only counts, base NULL); returns
+   floats per thread. */
+static size_t amx_layout(int dp, int parts, float *base, amx_bufs *b) {
     size_t off = 0;
-    b->qt = (uint32_t *)fa_tm_take(base, &off, (size_t)dp / 2 * BQ);
-    b->stg = (uint16_t *)fa_tm_take(base, &off, (size_t)BQ * dp / 2);
-    b->st = fa_tm_take(base, &off, (size_t)KS * BQ);
-    b->pt = (uint32_t *)fa_tm_take(base, &off, (size_t)BK / 2 * BQ);
-    b->ot = fa_tm_take(base, &off, (size_t)dp * BQ);
-    b->m = fa_tm_take(base, &off, BQ);
-    b->l = fa_tm_take(base, &off, BQ);
-    b->mn = fa_tm_take(base, &off, BQ);
+    amx_layout_own(dp, parts, base, &off, b);
+    amx_layout_shared(dp, parts, base, &off, b);
     return off;
 }
 
@@ -94,48 +114,74 @@ static void transpose_v(uint16_t *restrict dst, const uint16_t *restrict stg, in
     transpose_rows32(dst, KS, stg, (size_t)dp, dp);
 }
 
-/* Packs keys [j, j + 32) of kv head hk of sequence b (rows past its end zero). */
-static void pack_block(const fa_problem *p, const amx_pack *pk, uint16_t *stg, int64_t b,
-                       int64_t hk, int64_t j) {
+/* Row r of a block of 32 rows, parts of it pstride elements apart: converted from the
+   input's dtype, or zero for r past the sequence (row NULL). */
+static void put_row(uint16_t *dst, size_t pstride, const void *row, int parts, int d, int dp) {
+    if (!row)
+        for (int k = 0; k < parts; k++) memset(dst + k * pstride, 0, (size_t)dp * 2);
+    else if (parts == 1)
+        copy_row(dst, row, d, dp);
+    else
+        split_row(dst, pstride, (const float *)row, d, dp);
+}
+
+/* Keys [j, j + 32) of kv head hk of sequence b (rows past its end zero) -> kd: per part, 32
+   rows of dp; vtd: per part, V^T (dp rows of 32 keys). Parts are 32 * dp elements apart. */
+static void pack_block_to(const fa_problem *p, uint16_t *stg, int64_t b, int64_t hk, int64_t j,
+                          uint16_t *kd, uint16_t *vtd, int dp, int parts) {
     int64_t q0, sq, k0, sk;
     fa_seq_bounds(p, b, &q0, &sq, &k0, &sk);
     const int64_t bk = p->cu_k ? 0 : b;
-    const int d = (int)p->d, dp = pk->dp;
-    const size_t off = (size_t)(hk * pk->rows + pack_row0(p, b) + j) * (size_t)dp;
-    uint16_t *kd = pk->k + off;
+    const int d = (int)p->d;
+    const size_t es = parts == 1 ? 2 : 4, pstride = (size_t)KS * dp;
     for (int r = 0; r < KS; r++) {
-        if (j + r < sk) {
-            copy_row(kd + (size_t)r * dp, fa_tm_row(&p->k, 2, bk, k0 + j + r, hk), d, dp);
-            copy_row(stg + (size_t)r * dp, fa_tm_row(&p->v, 2, bk, k0 + j + r, hk), d, dp);
-        } else {
-            memset(kd + (size_t)r * dp, 0, (size_t)dp * 2);
-            memset(stg + (size_t)r * dp, 0, (size_t)dp * 2);
-        }
+        const int in = j + r < sk;
+        /* the row a block ahead into L1 (see fetch_rows: the key tile's rows are in L2 by now,
+           but each lies on its own page and nothing else fetches it ahead of the loads) */
+        if (j + KS + r < sk)
+            for (size_t x = 0; x < (size_t)d * es; x += 64) {
+                _mm_prefetch((const char *)fa_tm_row(&p->k, es, bk, k0 + j + KS + r, hk) + x,
+                             _MM_HINT_T0);
+                _mm_prefetch((const char *)fa_tm_row(&p->v, es, bk, k0 + j + KS + r, hk) + x,
+                             _MM_HINT_T0);
+            }
+        put_row(kd + (size_t)r * dp, pstride, in ? fa_tm_row(&p->k, es, bk, k0 + j + r, hk) : NULL,
+                parts, d, dp);
+        put_row(stg + (size_t)r * dp, pstride, in ? fa_tm_row(&p->v, es, bk, k0 + j + r, hk) : NULL,
+                parts, d, dp);
     }
-    transpose_v(pk->vt + off, stg, dp);
+    for (int k = 0; k < parts; k++) transpose_v(vtd + k * pstride, stg + k * pstride, dp);
+}
+
+/* Packs keys [j, j + 32) of kv head hk of sequence b into the call's bf16 copy. */
+static void pack_block(const fa_problem *p, const amx_pack *pk, uint16_t *stg, int64_t b,
+                       int64_t hk, int64_t j) {
+    const size_t off = (size_t)(hk * pk->rows + pack_row0(p, b) + j) * (size_t)pk->dp;
+    pack_block_to(p, stg, b, hk, j, pk->k + off, pk->vt + off, pk->dp, 1);
 }
 
 /* Q rows of the tile (nq32 of them, zero past nq) -> Q^T in VNNI pairs. */
 static void load_q(const fa_problem *p, const amx_bufs *B, int64_t bq, int64_t row0, int64_t h,
-                   int nq, int nq32, int dp) {
+                   int nq, int nq32, int dp, int parts) {
     const int d = (int)p->d;
-    for (int i = 0; i < nq32; i++) {
-        if (i < nq)
-            copy_row(B->stg + (size_t)i * dp, fa_tm_row(&p->q, 2, bq, row0 + i, h), d, dp);
-        else
-            memset(B->stg + (size_t)i * dp, 0, (size_t)dp * 2);
-    }
-    const uint32_t *s32 = (const uint32_t *)B->stg;
+    const size_t es = parts == 1 ? 2 : 4, pstride = (size_t)BQ * dp;
+    for (int i = 0; i < nq32; i++)
+        put_row(B->stg + (size_t)i * dp, pstride,
+                i < nq ? fa_tm_row(&p->q, es, bq, row0 + i, h) : NULL, parts, d, dp);
     const int dw = dp / 2; /* dwords (pairs) per row */
-    for (int r0 = 0; r0 < dw; r0 += 16)
-        for (int i0 = 0; i0 < nq32; i0 += 16) {
-            __m512i w[16];
-            for (int i = 0; i < 16; i++)
-                w[i] = _mm512_loadu_si512(s32 + (size_t)(i0 + i) * dw + r0);
-            transpose16(w);
-            for (int t = 0; t < 16; t++)
-                _mm512_storeu_si512(B->qt + (size_t)(r0 + t) * BQ + i0, w[t]);
-        }
+    for (int k = 0; k < parts; k++) {
+        const uint32_t *s32 = (const uint32_t *)(B->stg + k * pstride);
+        uint32_t *qt = B->qt + (size_t)k * dw * BQ;
+        for (int r0 = 0; r0 < dw; r0 += 16)
+            for (int i0 = 0; i0 < nq32; i0 += 16) {
+                __m512i w[16];
+                for (int i = 0; i < 16; i++)
+                    w[i] = _mm512_loadu_si512(s32 + (size_t)(i0 + i) * dw + r0);
+                transpose16(w);
+                for (int t = 0; t < 16; t++)
+                    _mm512_storeu_si512(qt + (size_t)(r0 + t) * BQ + i0, w[t]);
+            }
+    }
 }
 
 /* ---- the tile products ---- */
@@ -147,10 +193,57 @@ typedef struct ktile {
     const uint16_t *k, *vt; /* its packed K rows and V^T blocks */
 } ktile;
 
+/* C += A B over one K step of 32 for the 2 x 2 block, from the tiles loaded last. */
+#define DP_2X2()                                                                               \
+    do {                                                                                       \
+        _tile_dpbf16ps(TC00, TA0, TB0);                                                        \
+        _tile_dpbf16ps(TC01, TA0, TB1);                                                        \
+        _tile_dpbf16ps(TC10, TA1, TB0);                                                        \
+        _tile_dpbf16ps(TC11, TA1, TB1);                                                        \
+    } while (0)
+
+/*
+ * One K step of 32 of a 2 x 2 block with split operands (amx_split.h): the six partial
+ * products. A part k's two row tiles at a + k * apart and a + k * apart + a1, B part k's two
+ * column tiles at b + k * bpart and b + k * bpart + TR. Each B part is loaded once and meets
+ * its A partners (A is loaded twice as often): the B operand is the one read from L2 (Q^T or
+ * P^T, three parts of which do not stay in L1), and tile loads from L2, not the products, were
+ * the bound (bench/NOTES.md). hi*hi comes last: the small products start the accumulator.
+ */
+FA_TM_INLINE void split_step(const uint16_t *a, size_t apart, size_t a1, size_t astride,
+                             const uint32_t *b, size_t bpart, size_t bstride) {
+#define LOAD_A(k)                                                                              \
+    do {                                                                                       \
+        _tile_loadd(TA0, a + (k) * apart, astride);                                            \
+        _tile_loadd(TA1, a + (k) * apart + a1, astride);                                       \
+    } while (0)
+#define LOAD_B(k)                                                                              \
+    do {                                                                                       \
+        _tile_loadd(TB0, b + (k) * bpart, bstride);                                            \
+        _tile_loadd(TB1, b + (k) * bpart + TR, bstride);                                       \
+    } while (0)
+    LOAD_B(2); /* lo of B: with hi of A */
+    LOAD_A(0);
+    DP_2X2();
+    LOAD_B(1); /* mid of B: with hi and mid of A */
+    DP_2X2();
+    LOAD_A(1);
+    DP_2X2();
+    LOAD_B(0); /* hi of B: with lo, mid and hi of A */
+    DP_2X2();
+    LOAD_A(2);
+    DP_2X2();
+    LOAD_A(0);
+    DP_2X2();
+#undef LOAD_A
+#undef LOAD_B
+}
+
 /* st = K Q^T for keys [kb, kb + 32) of the tile and queries [qb, qb + 32): raw dot products. */
-FA_TM_INLINE void scores_block(const ktile *t, const amx_bufs *B, int kb, int qb, int dp) {
+FA_TM_INLINE void scores_block(const ktile *t, const amx_bufs *B, int kb, int qb, int dp,
+                               int parts) {
     const size_t kstride = (size_t)dp * 2, qstride = BQ * 4, sstride = BQ * 4;
-    const uint16_t *k0 = t->k + (size_t)kb * dp, *k1 = k0 + (size_t)TR * dp;
+    const uint16_t *k0 = t->k + (size_t)kb * parts * dp;
     AMX_FENCE();
     _tile_zero(TC00);
     _tile_zero(TC01);
@@ -158,14 +251,16 @@ FA_TM_INLINE void scores_block(const ktile *t, const amx_bufs *B, int kb, int qb
     _tile_zero(TC11);
     for (int x = 0; x < dp; x += KS) {
         const uint32_t *q = B->qt + (size_t)(x / 2) * BQ + qb;
-        _tile_loadd(TA0, k0 + x, kstride);
-        _tile_loadd(TA1, k1 + x, kstride);
-        _tile_loadd(TB0, q, qstride);
-        _tile_loadd(TB1, q + TR, qstride);
-        _tile_dpbf16ps(TC00, TA0, TB0);
-        _tile_dpbf16ps(TC01, TA0, TB1);
-        _tile_dpbf16ps(TC10, TA1, TB0);
-        _tile_dpbf16ps(TC11, TA1, TB1);
+        if (parts == 1) {
+            _tile_loadd(TA0, k0 + x, kstride);
+            _tile_loadd(TA1, k0 + (size_t)TR * dp + x, kstride);
+            _tile_loadd(TB0, q, qstride);
+            _tile_loadd(TB1, q + TR, qstride);
+            DP_2X2();
+        } else {
+            split_step(k0 + x, (size_t)KS * dp, (size_t)TR * dp, kstride, q,
+                       (size_t)(dp / 2) * BQ, qstride);
+        }
     }
     float *s = B->st + qb;
     _tile_stored(TC00, s, sstride);
@@ -176,7 +271,7 @@ FA_TM_INLINE void scores_block(const ktile *t, const amx_bufs *B, int kb, int qb
 
 /* One 32-row x 32-query block of ot += V^T P^T over keys [k0, k1) of the tile. */
 FA_TM_INLINE void pv_block(const ktile *t, const amx_bufs *B, int xb, int qb, int k0, int k1,
-                           int dp) {
+                           int dp, int parts) {
     const size_t ostride = BQ * 4, pstride = BQ * 4;
     float *o = B->ot + (size_t)xb * BQ + qb;
     AMX_FENCE();
@@ -185,16 +280,18 @@ FA_TM_INLINE void pv_block(const ktile *t, const amx_bufs *B, int xb, int qb, in
     _tile_loadd(TC10, o + TR * BQ, ostride);
     _tile_loadd(TC11, o + TR * BQ + TR, ostride);
     for (int kb = k0; kb < k1; kb += KS) {
-        const uint16_t *v = t->vt + (size_t)kb * dp + (size_t)xb * KS;
+        const uint16_t *v = t->vt + (size_t)kb * parts * dp + (size_t)xb * KS;
         const uint32_t *pp = B->pt + (size_t)(kb / 2) * BQ + qb;
-        _tile_loadd(TA0, v, KS * 2);
-        _tile_loadd(TA1, v + TR * KS, KS * 2);
-        _tile_loadd(TB0, pp, pstride);
-        _tile_loadd(TB1, pp + TR, pstride);
-        _tile_dpbf16ps(TC00, TA0, TB0);
-        _tile_dpbf16ps(TC01, TA0, TB1);
-        _tile_dpbf16ps(TC10, TA1, TB0);
-        _tile_dpbf16ps(TC11, TA1, TB1);
+        if (parts == 1) {
+            _tile_loadd(TA0, v, KS * 2);
+            _tile_loadd(TA1, v + TR * KS, KS * 2);
+            _tile_loadd(TB0, pp, pstride);
+            _tile_loadd(TB1, pp + TR, pstride);
+            DP_2X2();
+        } else {
+            split_step(v, (size_t)KS * dp, (size_t)TR * KS, KS * 2, pp, (size_t)(BK / 2) * BQ,
+                       pstride);
+        }
     }
     _tile_stored(TC00, o, ostride);
     _tile_stored(TC01, o + TR, ostride);
@@ -203,9 +300,10 @@ FA_TM_INLINE void pv_block(const ktile *t, const amx_bufs *B, int xb, int qb, in
 }
 
 /* ot += V^T P^T over keys [k0, k1) of the tile (multiples of 32). */
-static void accumulate(const ktile *t, const amx_bufs *B, int k0, int k1, int nq32, int dp) {
+static void accumulate(const ktile *t, const amx_bufs *B, int k0, int k1, int nq32, int dp,
+                       int parts) {
     for (int xb = 0; xb < dp; xb += 32)
-        for (int qb = 0; qb < nq32; qb += 32) pv_block(t, B, xb, qb, k0, k1, dp);
+        for (int qb = 0; qb < nq32; qb += 32) pv_block(t, B, xb, qb, k0, k1, dp, parts);
 }
 
 /* ---- softmax ---- */
@@ -297,15 +395,19 @@ FA_TM_INLINE __m512 exp_ref(__m512 m) {
 }
 
 /* m = mn, and l and the accumulator rows (those that carry data: d) times exp(m - mn) where
-   the max moved. */
-static void move_max(const amx_bufs *B, int d, int nq32) {
+   the max moved. fp32 (parts 3) takes fa_vexp, as fwd_tiled.c does: the factor weighs the
+   keys before the move against those after, and the degree-5 polynomial's 2e-7 would be
+   several fp32 roundings (the max moves rarely: the cost does not show). */
+static void move_max(const amx_bufs *B, int d, int nq32, int parts) {
     for (int i = 0; i < nq32; i += 16) {
         const __m512 mo = _mm512_loadu_ps(B->m + i), mn = _mm512_loadu_ps(B->mn + i);
         const __mmask16 moved = _mm512_cmp_ps_mask(mo, mn, _CMP_NEQ_UQ);
         if (!moved) continue;
+        const __m512 dm = _mm512_sub_ps(mo, exp_ref(mn));
         const __m512 a = _mm512_mask_mov_ps(
             _mm512_set1_ps(1.0f), moved,
-            exp2_poly(_mm512_mul_ps(_mm512_sub_ps(mo, exp_ref(mn)), _mm512_set1_ps(LOG2E))));
+            parts == 1 ? exp2_poly(_mm512_mul_ps(dm, _mm512_set1_ps(LOG2E)))
+                       : (__m512)fa_vexp((fa_vf)dm));
         _mm512_storeu_ps(B->l + i, _mm512_mul_ps(_mm512_loadu_ps(B->l + i), a));
         _mm512_storeu_ps(B->m + i, mn);
         for (int x = 0; x < d; x++) {
@@ -349,11 +451,54 @@ static void strip_exp(const amx_bufs *B, uint32_t *pt, int ns, int nq32, float m
     }
 }
 
-/* O rows of the tile: the accumulator transposed back 16 x 16 at a time, divided by l,
-   rounded to bf16 (vcvtneps2bf16: to nearest even). Rows that see no key get O = 0. */
+/* exp(s * mul - ref) for fp32: s * mul rounded first (the explicit rounding keeps the compiler
+   from fusing it into the subtraction), as the running max is, so the key that holds the max
+   gets exactly exp(0) = 1, as in a plain softmax; fused, it would get exp of the max's
+   rounding error, an ulp of error in l that goes straight into the LSE. */
+FA_TM_INLINE __m512 exp_scaled(__m512 s, __m512 vmul, __m512 ref) {
+    const __m512 x = _mm512_mul_round_ps(s, vmul, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return (__m512)fa_vexp_softmax((fa_vf)_mm512_sub_ps(x, ref));
+}
+
+/* strip_exp for fp32 inputs: the probabilities in fp32, exp(s * mul - m) by fwd_tiled.c's
+   fa_vexp_softmax (the bf16 path's short polynomial and folded log2 e would err by far more
+   than fp32's rounding), each split into its three bf16 parts, rows of P^T for each part
+   BK / 2 rows apart. */
+static void strip_exp_split(const amx_bufs *B, uint32_t *pt, int ns, int nq32, float mul) {
+    const __m512 vmul = _mm512_set1_ps(mul);
+    const size_t pstride = (size_t)(BK / 2) * BQ;
+    for (int i = 0; i < nq32; i += 16) {
+        const __m512 ref = exp_ref(_mm512_loadu_ps(B->m + i));
+        __m512 sum = _mm512_setzero_ps();
+        const float *sj = B->st + i;
+        uint32_t *pj = pt + i;
+        int j = 0;
+        for (; j + 2 <= ns; j += 2, sj += 2 * BQ, pj += BQ) {
+            const __m512 e0 = exp_scaled(_mm512_loadu_ps(sj), vmul, ref);
+            const __m512 e1 = exp_scaled(_mm512_loadu_ps(sj + BQ), vmul, ref);
+            sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
+            split_store_pairs(pj, pstride, e0, e1);
+        }
+        if (j < ns) { /* odd key count: the last key pairs with a zero */
+            const __m512 e0 = exp_scaled(_mm512_loadu_ps(sj), vmul, ref);
+            sum = _mm512_add_ps(sum, e0);
+            split_store_pairs(pj, pstride, e0, _mm512_setzero_ps());
+            j += 2;
+            pj += BQ;
+        }
+        for (; j < KS; j += 2, pj += BQ)
+            for (int k = 0; k < SPLIT_PARTS; k++)
+                _mm512_storeu_si512(pj + k * pstride, _mm512_setzero_si512());
+        _mm512_storeu_ps(B->l + i, _mm512_add_ps(_mm512_loadu_ps(B->l + i), sum));
+    }
+}
+
+/* O rows of the tile: the accumulator transposed back 16 x 16 at a time, divided by l, stored
+   as fp32 or rounded to bf16 (vcvtneps2bf16: to nearest even). Rows that see no key get 0. */
 static void store_out(const fa_problem *p, const amx_bufs *B, const fa_tm_qrows *rows,
                       int64_t bq, int64_t t0, int64_t h, int nq) {
-    const int d = (int)p->d;
+    const int d = (int)p->d, f32 = p->dtype == FA_DTYPE_F32;
+    const size_t es = f32 ? 4 : 2;
     for (int i0 = 0; i0 < nq; i0 += 16)
         for (int x0 = 0; x0 < d; x0 += 16) {
             __m512i r[16];
@@ -363,6 +508,12 @@ static void store_out(const fa_problem *p, const amx_bufs *B, const fa_tm_qrows 
             for (int i = 0; i < 16 && i0 + i < nq; i++) {
                 if (rows->lo[i0 + i] >= rows->hi[i0 + i]) continue;
                 const __m512 o = _mm512_div_ps((__m512)r[i], _mm512_set1_ps(B->l[i0 + i]));
+                if (f32) {
+                    float *dst = (float *)fa_tm_row(&p->o, 4, bq, t0 + i0 + i, h) + x0;
+                    const int n = d - x0 < 16 ? d - x0 : 16;
+                    _mm512_mask_storeu_ps(dst, (__mmask16)((1u << n) - 1), o);
+                    continue;
+                }
                 const __m256i v = (__m256i)_mm512_cvtneps_pbh(o);
                 uint16_t *dst = (uint16_t *)fa_tm_row(&p->o, 2, bq, t0 + i0 + i, h) + x0;
                 if (x0 + 16 <= d) {
@@ -376,7 +527,7 @@ static void store_out(const fa_problem *p, const amx_bufs *B, const fa_tm_qrows 
         }
     for (int i = 0; i < nq; i++)
         if (rows->lo[i] >= rows->hi[i])
-            fa_tm_store_zero(fa_tm_row(&p->o, 2, bq, t0 + i, h), p->dtype, d);
+            fa_tm_store_zero(fa_tm_row(&p->o, es, bq, t0 + i, h), p->dtype, d);
 }
 
 /* ---- one work item ---- */
@@ -427,11 +578,12 @@ static int find_tile(const qtile *q, const amx_pack *pk, size_t head0, int64_t j
    ALiBi where they apply (which then carry the scale, see the top); returns the multiplier
    its exponentials take, or 0 when no query row sees any of its keys. */
 static float strip_scores(const fa_problem *p, const qtile *q, const amx_bufs *B,
-                          const ktile *t, int s, float slope, int nq, int nq32, int dp) {
+                          const ktile *t, int s, float slope, int nq, int nq32, int dp,
+                          int parts) {
     const int ns = t->nk - s < KS ? t->nk - s : KS;
     const int kind = classify(q, t->j0 + s, t->j0 + s + ns);
     if (kind == FA_TM_NONE) return 0.0f;
-    for (int qb = 0; qb < nq32; qb += 32) scores_block(t, B, s, qb, dp);
+    for (int qb = 0; qb < nq32; qb += 32) scores_block(t, B, s, qb, dp, parts);
     AMX_FENCE();
     if (!fa_tm_needs_transform(kind, p->softcap, slope)) return p->scale;
     fa_tm_rel rel;
@@ -448,27 +600,60 @@ static float strip_scores(const fa_problem *p, const qtile *q, const amx_bufs *B
  * strip moves the running max the strips before it are accumulated first, so that the
  * rescale covers them.
  */
+/* Rows [r0, r1) of K and V of kv head hk of sequence b, to be fetched into L2 while a key
+   tile is computed: the fp32 forward splits each key tile from the tensors themselves, whose
+   BSHD rows lie heads * d apart, a stride the hardware prefetchers do not follow (the split
+   waited on every row's miss), and prefetches issued in one burst stall on the miss buffers:
+   each strip of the tile issues its share. */
+typedef struct row_fetch {
+    const fa_problem *p;
+    int64_t b, hk, r0, r1;
+} row_fetch;
+
+static void fetch_rows(const row_fetch *f, int64_t r0, int64_t r1) {
+    const fa_problem *p = f->p;
+    int64_t q0, sq, k0, sk;
+    fa_seq_bounds(p, f->b, &q0, &sq, &k0, &sk);
+    const int64_t bk = p->cu_k ? 0 : f->b;
+    if (r1 > sk) r1 = sk;
+    for (int64_t r = r0; r < r1; r++) {
+        const char *kr = (const char *)fa_tm_row(&p->k, 4, bk, k0 + r, f->hk);
+        const char *vr = (const char *)fa_tm_row(&p->v, 4, bk, k0 + r, f->hk);
+        for (size_t x = 0; x < (size_t)p->d * 4; x += 64) {
+            _mm_prefetch(kr + x, _MM_HINT_T1);
+            _mm_prefetch(vr + x, _MM_HINT_T1);
+        }
+    }
+}
+
 static void key_tile(const fa_problem *p, const qtile *q, const amx_bufs *B,
-                     const ktile *t, float slope, int nq, int nq32, int dp) {
+                     const ktile *t, float slope, int nq, int nq32, int dp, int parts,
+                     const row_fetch *f) {
     int done = 0; /* keys of the tile already in the accumulator */
+    const int64_t per = f ? (f->r1 - f->r0 + t->nk32 / KS - 1) / (t->nk32 / KS) : 0;
     for (int s = 0; s < t->nk; s += KS) {
+        if (f) fetch_rows(f, f->r0 + s / KS * per, f->r0 + (s / KS + 1) * per);
         uint32_t *pt = B->pt + (size_t)(s / 2) * BQ;
         const int ns = t->nk - s < KS ? t->nk - s : KS;
-        const float mul = strip_scores(p, q, B, t, s, slope, nq, nq32, dp);
+        const float mul = strip_scores(p, q, B, t, s, slope, nq, nq32, dp, parts);
         if (mul == 0.0f) { /* nothing visible: zero probabilities */
-            for (int r = 0; r < KS / 2; r++)
-                memset(pt + (size_t)r * BQ, 0, (size_t)nq32 * 4);
+            for (int k = 0; k < parts; k++)
+                for (int r = 0; r < KS / 2; r++)
+                    memset(pt + ((size_t)k * (BK / 2) + r) * BQ, 0, (size_t)nq32 * 4);
             continue;
         }
         if (strip_max(B, ns, nq32, mul)) {
-            if (s > done) accumulate(t, B, done, s, nq32, dp);
+            if (s > done) accumulate(t, B, done, s, nq32, dp, parts);
             done = s;
             AMX_FENCE();
-            move_max(B, (int)p->d, nq32);
+            move_max(B, (int)p->d, nq32, parts);
         }
-        strip_exp(B, pt, ns, nq32, mul);
+        if (parts == 1)
+            strip_exp(B, pt, ns, nq32, mul);
+        else
+            strip_exp_split(B, pt, ns, nq32, mul);
     }
-    accumulate(t, B, done, t->nk32, nq32, dp);
+    accumulate(t, B, done, t->nk32, nq32, dp, parts);
 }
 
 FA_TM_HOT
@@ -477,18 +662,18 @@ static void amx_item(const fa_problem *p, const amx_pack *pk, int64_t b, int64_t
     int64_t q0, sq, k0, sk;
     fa_seq_bounds(p, b, &q0, &sq, &k0, &sk);
     if (i0 >= sq) return;
-    const int dp = pk->dp;
+    const int dp = pk->dp, parts = 1;
     const int nq = sq - i0 < BQ ? (int)(sq - i0) : BQ, nq32 = pad32(nq);
     const int64_t bq = p->cu_q ? 0 : b, hk = h / p->group;
     const float slope = fa_alibi_slope(p, b, h);
     amx_bufs B;
-    amx_layout(dp, ws, &B);
+    amx_layout(dp, parts, ws, &B);
 
     qtile q;
     qtile_init(&q, p, i0, nq, sq, sk);
     const fa_tm_qrows *rows = &q.r;
 
-    load_q(p, &B, bq, q0 + i0, h, nq, nq32, dp);
+    load_q(p, &B, bq, q0 + i0, h, nq, nq32, dp, parts);
     memset(B.ot, 0, (size_t)dp * BQ * sizeof(float));
     for (int i = 0; i < BQ; i++) {
         B.m[i] = -INFINITY;
@@ -500,7 +685,7 @@ static void amx_item(const fa_problem *p, const amx_pack *pk, int64_t b, int64_t
     /* key tiles start on the packing's 32-key blocks; keys before ulo are masked out */
     int64_t j0 = rows->ulo < rows->uhi ? rows->ulo & ~(int64_t)31 : rows->uhi;
     for (; find_tile(&q, pk, head0, j0, &t); j0 = t.j0 + BK)
-        key_tile(p, &q, &B, &t, slope, nq, nq32, dp);
+        key_tile(p, &q, &B, &t, slope, nq, nq32, dp, parts, NULL);
     AMX_FENCE();
 
     store_out(p, &B, rows, bq, q0 + i0, h, nq);
@@ -511,10 +696,156 @@ static void amx_item(const fa_problem *p, const amx_pack *pk, int64_t b, int64_t
                 rows->lo[i] >= rows->hi[i] ? -INFINITY : B.m[i] + logf(B.l[i]);
 }
 
+/* ---- fp32: key tiles split per thread ---- */
+
+/*
+ * The fp32 forward does not pack K and V per call: three bf16 parts of them would take 1.5x
+ * their size in the workspace, which stays O(tile) (tests/test_big.c). A thread splits each
+ * key tile itself, into its own buffers, and runs GQ query tiles of one head on it, so that
+ * the split's cost (about a quarter of the tile's products at GQ 1) is shared and the tile is
+ * read from L2 GQ times, where streaming it once per query tile from L3 was the bound
+ * (bench/NOTES.md).
+ */
+#define GQ 8
+
+typedef struct split_ws {
+    amx_bufs b[GQ];   /* own buffers per query tile; the shared ones are the same in each */
+    uint16_t *k, *vt; /* the key tile: BK keys of K and of V^T, blocks of 32 keys as packed */
+} split_ws;
+
+/* Places a thread's buffers at base (or only counts, base NULL); returns its floats. */
+static size_t split_layout(int dp, float *base, split_ws *w) {
+    size_t off = 0;
+    const size_t tile = (size_t)BK * dp * SPLIT_PARTS / 2; /* floats: bf16 pairs */
+    w->k = (uint16_t *)fa_tm_take(base, &off, tile);
+    w->vt = (uint16_t *)fa_tm_take(base, &off, tile);
+    amx_layout_shared(dp, SPLIT_PARTS, base, &off, &w->b[0]);
+    for (int g = 0; g < GQ; g++) {
+        w->b[g].stg = w->b[0].stg;
+        w->b[g].st = w->b[0].st;
+        w->b[g].pt = w->b[0].pt;
+        amx_layout_own(dp, SPLIT_PARTS, base, &off, &w->b[g]);
+    }
+    return off;
+}
+
+/* Query tiles t0 .. t0 + GQ - 1 of head h of sequence b. */
+FA_TM_HOT
+static void split_item(const fa_problem *p, int64_t b, int64_t h, int64_t t0, const split_ws *w,
+                       int dp) {
+    int64_t q0, sq, k0, sk;
+    fa_seq_bounds(p, b, &q0, &sq, &k0, &sk);
+    const int parts = SPLIT_PARTS;
+    const int64_t bq = p->cu_q ? 0 : b, hk = h / p->group;
+    const float slope = fa_alibi_slope(p, b, h);
+    qtile q[GQ];
+    int nq[GQ], nq32[GQ], n = 0;
+    int64_t lo = INT64_MAX, hi = INT64_MIN; /* keys some row of the tiles sees */
+    for (; n < GQ && (t0 + n) * BQ < sq; n++) {
+        const int64_t i0 = (t0 + n) * BQ;
+        const amx_bufs *B = &w->b[n];
+        nq[n] = sq - i0 < BQ ? (int)(sq - i0) : BQ;
+        nq32[n] = pad32(nq[n]);
+        qtile_init(&q[n], p, i0, nq[n], sq, sk);
+        load_q(p, B, bq, q0 + i0, h, nq[n], nq32[n], dp, parts);
+        memset(B->ot, 0, (size_t)dp * BQ * sizeof(float));
+        for (int i = 0; i < BQ; i++) {
+            B->m[i] = -INFINITY;
+            B->l[i] = 0.0f;
+        }
+        if (q[n].r.ulo < q[n].r.uhi) {
+            if (q[n].r.ulo < lo) lo = q[n].r.ulo;
+            if (q[n].r.uhi > hi) hi = q[n].r.uhi;
+        }
+    }
+    /* key tiles start on 32-key blocks; keys before a tile's ulo are masked out */
+    for (int64_t j0 = lo < hi ? lo & ~(int64_t)31 : hi; j0 < hi; j0 += BK) {
+        const int nk = hi - j0 < BK ? (int)(hi - j0) : BK;
+        ktile t[GQ];
+        int any = 0;
+        for (int g = 0; g < n; g++) {
+            const int64_t uhi = q[g].r.uhi;
+            t[g].kind = FA_TM_NONE;
+            if (q[g].r.ulo >= uhi || j0 >= uhi) continue;
+            t[g].j0 = j0;
+            t[g].nk = uhi - j0 < nk ? (int)(uhi - j0) : nk;
+            t[g].nk32 = pad32(t[g].nk);
+            t[g].kind = classify(&q[g], j0, j0 + t[g].nk);
+            t[g].k = w->k;
+            t[g].vt = w->vt;
+            any |= t[g].kind != FA_TM_NONE;
+        }
+        if (!any) continue;
+        AMX_FENCE();
+        for (int j = 0; j < nk; j += KS) {
+            const size_t off = (size_t)j * dp * parts;
+            pack_block_to(p, w->b[0].stg, b, hk, j0 + j, w->k + off, w->vt + off, dp, parts);
+        }
+        /* the next tile's rows, a share per query tile that runs */
+        int runs = 0;
+        for (int g = 0; g < n; g++) runs += t[g].kind != FA_TM_NONE;
+        const int64_t share = (BK + runs - 1) / runs;
+        row_fetch f = {p, b, hk, j0 + BK, 0};
+        for (int g = 0; g < n; g++)
+            if (t[g].kind != FA_TM_NONE) {
+                f.r1 = f.r0 + share < hi ? f.r0 + share : hi;
+                key_tile(p, &q[g], &w->b[g], &t[g], slope, nq[g], nq32[g], dp, parts, &f);
+                f.r0 = f.r1;
+            }
+    }
+    AMX_FENCE();
+    float *lse = (float *)p->lse;
+    for (int g = 0; g < n; g++) {
+        const int64_t i0 = (t0 + g) * BQ;
+        const fa_tm_qrows *rows = &q[g].r;
+        store_out(p, &w->b[g], rows, bq, q0 + i0, h, nq[g]);
+        if (lse)
+            for (int i = 0; i < nq[g]; i++)
+                lse[b * p->lse_sb + h * p->lse_sh + (q0 + i0 + i) * p->lse_st] =
+                    rows->lo[i] >= rows->hi[i] ? -INFINITY : w->b[g].m[i] + logf(w->b[g].l[i]);
+    }
+}
+
+static void split_fwd(const fa_problem *p, void *ws, int threads) {
+    const int dp = pad32((int)p->d);
+    float *base = fa_tm_align(ws);
+    split_ws unused;
+    const size_t per_thread = split_layout(dp, NULL, &unused);
+    amx_config cfg;
+    amx_config_init(&cfg);
+    const int64_t ntq = (p->seqlen_q + BQ - 1) / BQ; /* varlen: the longest sequence */
+    const int64_t ng = (ntq + GQ - 1) / GQ;
+    const int64_t items = p->batch * p->heads_q * ng;
+#pragma omp parallel num_threads(threads)
+    {
+        split_ws w;
+        split_layout(dp, base + per_thread * (size_t)fa_tm_tid(), &w);
+        /* the tile state is per thread: configure it in each one, release it after */
+        _tile_loadconfig(&cfg);
+#pragma omp for schedule(dynamic)
+        for (int64_t it = 0; it < items; it++) {
+            /* last tiles first: under a causal mask they are the longest */
+            const int64_t g = ng - 1 - it % ng, bh = it / ng;
+            split_item(p, bh / p->heads_q, bh % p->heads_q, g * GQ, &w, dp);
+        }
+        _tile_release();
+    }
+}
+
 /* ---- entry points ---- */
 
-/* Every bf16 forward: all masks, softcap, ALiBi, GQA, varlen, strides, head dims to 256. */
-static int amx_takes(const fa_problem *p) { return p->dtype == FA_DTYPE_BF16 && p->d <= 256; }
+/* Every bf16 forward, and every fp32 one unless FLASHATTN_CPU_F32_AMX=0 sends those to the
+   avx512 level's FMA kernel: all masks, softcap, ALiBi, GQA, varlen, strides, head dims to
+   256. */
+static int amx_takes(const fa_problem *p) {
+    if (p->d > 256) return 0;
+    return p->dtype == FA_DTYPE_BF16 || (p->dtype == FA_DTYPE_F32 && fa_cpu_f32_amx_enabled());
+}
+
+/* The fp32 forward's name says how its products run: six split-bf16 products each. */
+static const char *amx_method(const fa_problem *p) {
+    return p->dtype == FA_DTYPE_F32 ? "bf16x6" : NULL;
+}
 
 static fa_cpu_tiles amx_tiles(const fa_problem *p) {
     (void)p;
@@ -523,14 +854,23 @@ static fa_cpu_tiles amx_tiles(const fa_problem *p) {
 }
 
 static size_t amx_ws(const fa_problem *p, int threads) {
-    amx_bufs b;
     if (threads < 1) threads = 1;
+    if (p->dtype == FA_DTYPE_F32) {
+        split_ws w;
+        return FA_TM_WS_SLACK +
+               (size_t)threads * split_layout(pad32((int)p->d), NULL, &w) * sizeof(float);
+    }
+    amx_bufs b;
     return FA_TM_WS_SLACK + 2 * pack_bytes(p) +
-           (size_t)threads * amx_layout(pad32((int)p->d), NULL, &b) * sizeof(float);
+           (size_t)threads * amx_layout(pad32((int)p->d), 1, NULL, &b) * sizeof(float);
 }
 
 static void amx_fwd(const fa_problem *p, void *ws, int threads) {
     if (threads < 1) threads = 1;
+    if (p->dtype == FA_DTYPE_F32) {
+        split_fwd(p, ws, threads);
+        return;
+    }
     amx_pack pk;
     pk.dp = pad32((int)p->d);
     pk.rows = pack_rows(p);
@@ -539,7 +879,7 @@ static void amx_fwd(const fa_problem *p, void *ws, int threads) {
     pk.vt = (uint16_t *)(base + pack_bytes(p));
     float *tbase = (float *)(base + 2 * pack_bytes(p));
     amx_bufs unused;
-    const size_t per_thread = amx_layout(pk.dp, NULL, &unused);
+    const size_t per_thread = amx_layout(pk.dp, 1, NULL, &unused);
 
     amx_config cfg;
     amx_config_init(&cfg);
@@ -552,7 +892,7 @@ static void amx_fwd(const fa_problem *p, void *ws, int threads) {
     {
         float *mine = tbase + per_thread * (size_t)fa_tm_tid();
         amx_bufs B;
-        amx_layout(pk.dp, mine, &B);
+        amx_layout(pk.dp, 1, mine, &B);
 #pragma omp for schedule(static)
         for (int64_t w = 0; w < packs; w++) {
             const int64_t hk = w / (p->batch * nkb), b = w / nkb % p->batch, j = w % nkb * KS;
@@ -578,8 +918,8 @@ static void vexp_array(float *x, size_t n) {
     if (i < n) fa_vexp_row(x + i, x + i, (int)(n - i), 1.0f, 0.0f);
 }
 
-/* The amx level: its own forward and backward for bf16 (bwd_amx.c), the avx512 level's
-   kernels for everything else. */
+/* The amx level: its own forward for bf16 and fp32 and backward for bf16 (bwd_amx.c), the
+   avx512 level's kernels for everything else. */
 extern const fa_cpu_isa_ops fa_cpu_isa_ops_avx512;
 
 const fa_cpu_isa_ops fa_cpu_isa_ops_amx = {
@@ -593,5 +933,6 @@ const fa_cpu_isa_ops fa_cpu_isa_ops_amx = {
     .exp = vexp_array,
     .base = &fa_cpu_isa_ops_avx512,
     .fwd_takes = amx_takes,
+    .fwd_method = amx_method,
     .bwd_takes = fa_cpu_amx_bwd_takes,
 };
