@@ -29,7 +29,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 
-#include "tile_math.h"
+#include "amx_common.h"
 
 #define SPLIT_PARTS 3
 
@@ -88,6 +88,75 @@ FA_TM_INLINE void split_store_pairs(uint32_t *dst, size_t pstride, __m512 e0, __
     _mm512_storeu_si512(dst, split_pair(h0, h1));
     _mm512_storeu_si512(dst + pstride, split_pair(m0, m1));
     _mm512_storeu_si512(dst + 2 * pstride, split_pair(l0, l1));
+}
+
+/* C += A B over one K step of 32 for the 2 x 2 block of amx_common.h's tile roles, from the
+   tiles loaded last. */
+#define AMX_DP_2X2()                                                                           \
+    do {                                                                                       \
+        _tile_dpbf16ps(TC00, TA0, TB0);                                                        \
+        _tile_dpbf16ps(TC01, TA0, TB1);                                                        \
+        _tile_dpbf16ps(TC10, TA1, TB0);                                                        \
+        _tile_dpbf16ps(TC11, TA1, TB1);                                                        \
+    } while (0)
+
+/*
+ * One K step of 32 of a 2 x 2 block with split operands: the six partial products. A part k's
+ * two row tiles at a + k * apart and + a1 (bytes), row stride as; B part k's two column tiles
+ * at b + k * bpart and + 64, row stride bs. Seven operand loads for six products, not twelve:
+ * each part is loaded once and meets its partners while it is held (tile loads from L2, where
+ * three parts of an operand live, bounded the first version: bench/NOTES.md).
+ *
+ * The order is fixed, element by element, because a backward must recompute the forward's
+ * scores bit for bit (its P = exp(s - LSE) is consistent only with the scores LSE came from):
+ * with swapped 0 the products run (A part, B part) = (hi, lo), (hi, mid), (mid, mid),
+ * (mid, hi), (lo, hi), (hi, hi); swapped 1 runs the same products with the roles exchanged,
+ * for the backward's S = Q K^T (A = Q) against the forward's S^T = K Q^T (A = K). The small
+ * products come first, hi*hi last.
+ */
+FA_TM_INLINE void split_step(const char *a, size_t apart, size_t a1, size_t as, const char *b,
+                             size_t bpart, size_t bs, int swapped) {
+#define LOAD_A(k)                                                                              \
+    do {                                                                                       \
+        _tile_loadd(TA0, a + (k) * apart, as);                                                 \
+        _tile_loadd(TA1, a + (k) * apart + a1, as);                                            \
+    } while (0)
+#define LOAD_B(k)                                                                              \
+    do {                                                                                       \
+        _tile_loadd(TB0, b + (k) * bpart, bs);                                                 \
+        _tile_loadd(TB1, b + (k) * bpart + 64, bs);                                            \
+    } while (0)
+    if (!swapped) {
+        LOAD_B(2);
+        LOAD_A(0);
+        AMX_DP_2X2(); /* hi, lo */
+        LOAD_B(1);
+        AMX_DP_2X2(); /* hi, mid */
+        LOAD_A(1);
+        AMX_DP_2X2(); /* mid, mid */
+        LOAD_B(0);
+        AMX_DP_2X2(); /* mid, hi */
+        LOAD_A(2);
+        AMX_DP_2X2(); /* lo, hi */
+        LOAD_A(0);
+        AMX_DP_2X2(); /* hi, hi */
+    } else {
+        LOAD_A(2);
+        LOAD_B(0);
+        AMX_DP_2X2(); /* (B, A) = hi, lo */
+        LOAD_A(1);
+        AMX_DP_2X2(); /* hi, mid */
+        LOAD_B(1);
+        AMX_DP_2X2(); /* mid, mid */
+        LOAD_A(0);
+        AMX_DP_2X2(); /* mid, hi */
+        LOAD_B(2);
+        AMX_DP_2X2(); /* lo, hi */
+        LOAD_B(0);
+        AMX_DP_2X2(); /* hi, hi */
+    }
+#undef LOAD_A
+#undef LOAD_B
 }
 
 #endif /* FA_CPU_AMX_SPLIT_H */

@@ -230,10 +230,12 @@ int fa_cpu_f32_amx_enabled(void) {
     return !(e && strcmp(e, "0") == 0);
 }
 
-/* The level's name in a forward kernel's, with the method where the level names one. */
-static const char *fwd_level_name(char *buf, size_t len, const fa_cpu_isa_ops *isa,
-                                  const fa_problem *p) {
-    const char *m = isa->fwd_method ? isa->fwd_method(p) : NULL;
+/* The level's name in a kernel's, with the method where the level names one (bwd: the
+   backward's). */
+static const char *level_name(char *buf, size_t len, const fa_cpu_isa_ops *isa,
+                              const fa_problem *p, int bwd) {
+    const char *(*method)(const fa_problem *) = bwd ? isa->bwd_method : isa->fwd_method;
+    const char *m = method ? method(p) : NULL;
     snprintf(buf, len, "%s%s%s", isa->name, m ? "_" : "", m ? m : "");
     return buf;
 }
@@ -267,15 +269,15 @@ static fa_status cpu_fwd(fa_context *ctx, const fa_problem *p, void *ws, size_t 
     const fa_cpu_tiles t = isa->fwd_tiles(p);
     char level[32];
     record(ctx, "fwd",
-           tiled_name(name, sizeof name, "fwd", fwd_level_name(level, sizeof level, isa, p),
+           tiled_name(name, sizeof name, "fwd", level_name(level, sizeof level, isa, p, 0),
                       p->dtype, t),
            t, threads, isa->fwd_ws(p, threads));
     /* the one forward a level hands down on request, not for want of a kernel: say so */
     if (active != isa && active->fwd_method && p->dtype == FA_DTYPE_F32 &&
         !fa_cpu_f32_amx_enabled())
         snprintf(ctx->sel.reason, sizeof ctx->sel.reason,
-                 "FLASHATTN_CPU_F32_AMX=0: the %s fp32 forward (FMA) instead of the %s one",
-                 isa->name, active->name);
+                 "FLASHATTN_CPU_F32_AMX=0: the %s fp32 %s (FMA) instead of the %s one",
+                 isa->name, "forward", active->name);
     return FA_OK;
 }
 
@@ -307,9 +309,29 @@ static fa_status cpu_bwd(fa_context *ctx, const fa_problem *p, void *ws, size_t 
                        active->name, isa->name);
     isa->bwd(p, ws, threads);
     const fa_cpu_tiles t = isa->bwd_tiles(p);
-    record(ctx, "bwd", tiled_name(name, sizeof name, "bwd", isa->name, p->dtype, t), t, threads,
-           isa->bwd_ws(p, threads));
+    char level[32];
+    record(ctx, "bwd",
+           tiled_name(name, sizeof name, "bwd", level_name(level, sizeof level, isa, p, 1),
+                      p->dtype, t),
+           t, threads, isa->bwd_ws(p, threads));
     fa_cpu_bwd_one_pass(p, threads, ctx->sel.reason, sizeof ctx->sel.reason);
+    if (isa->bwd_method && isa->bwd_method(p) && ctx->sel.reason[0]) {
+        /* the split backward has one schedule (bwd_amx.c): say that it did not follow this one */
+        char *r = ctx->sel.reason;
+        const size_t len = sizeof ctx->sel.reason;
+        char schedule[sizeof ctx->sel.reason];
+        memcpy(schedule, r, len);
+        const int n = snprintf(r, len,
+                               "%s fp32 backward: one pass (it recomputes the forward's scores "
+                               "bit for bit), not the schedule's ",
+                               isa->name);
+        if (n > 0 && (size_t)n < len) snprintf(r + n, len - (size_t)n, "%s", schedule);
+    }
+    if (active != isa && active->bwd_method && p->dtype == FA_DTYPE_F32 &&
+        !fa_cpu_f32_amx_enabled())
+        snprintf(ctx->sel.reason, sizeof ctx->sel.reason,
+                 "FLASHATTN_CPU_F32_AMX=0: the %s fp32 %s (FMA) instead of the %s one",
+                 isa->name, "backward", active->name);
     if (fell_back) {
         char *r = ctx->sel.reason;
         const size_t len = sizeof ctx->sel.reason;
@@ -422,11 +444,12 @@ static void list_tiled(void) {
                 if (o == 0) {
                     if (fa_cpu_isa_fwd_level(isa, &p) != isa) continue;
                     t = isa->fwd_tiles(&p);
-                    fwd_level_name(level, sizeof level, isa, &p);
+                    level_name(level, sizeof level, isa, &p, 0);
                 } else if (o == 1) {
                     /* threads 0: whether the level's backward covers the dtype at all */
                     if (fa_cpu_isa_bwd_level(isa, &p, 0) != isa) continue;
                     t = isa->bwd_tiles(&p);
+                    level_name(level, sizeof level, isa, &p, 1);
                 } else if (!isa->kv) {
                     continue;
                 }

@@ -193,52 +193,6 @@ typedef struct ktile {
     const uint16_t *k, *vt; /* its packed K rows and V^T blocks */
 } ktile;
 
-/* C += A B over one K step of 32 for the 2 x 2 block, from the tiles loaded last. */
-#define DP_2X2()                                                                               \
-    do {                                                                                       \
-        _tile_dpbf16ps(TC00, TA0, TB0);                                                        \
-        _tile_dpbf16ps(TC01, TA0, TB1);                                                        \
-        _tile_dpbf16ps(TC10, TA1, TB0);                                                        \
-        _tile_dpbf16ps(TC11, TA1, TB1);                                                        \
-    } while (0)
-
-/*
- * One K step of 32 of a 2 x 2 block with split operands (amx_split.h): the six partial
- * products. A part k's two row tiles at a + k * apart and a + k * apart + a1, B part k's two
- * column tiles at b + k * bpart and b + k * bpart + TR. Each B part is loaded once and meets
- * its A partners (A is loaded twice as often): the B operand is the one read from L2 (Q^T or
- * P^T, three parts of which do not stay in L1), and tile loads from L2, not the products, were
- * the bound (bench/NOTES.md). hi*hi comes last: the small products start the accumulator.
- */
-FA_TM_INLINE void split_step(const uint16_t *a, size_t apart, size_t a1, size_t astride,
-                             const uint32_t *b, size_t bpart, size_t bstride) {
-#define LOAD_A(k)                                                                              \
-    do {                                                                                       \
-        _tile_loadd(TA0, a + (k) * apart, astride);                                            \
-        _tile_loadd(TA1, a + (k) * apart + a1, astride);                                       \
-    } while (0)
-#define LOAD_B(k)                                                                              \
-    do {                                                                                       \
-        _tile_loadd(TB0, b + (k) * bpart, bstride);                                            \
-        _tile_loadd(TB1, b + (k) * bpart + TR, bstride);                                       \
-    } while (0)
-    LOAD_B(2); /* lo of B: with hi of A */
-    LOAD_A(0);
-    DP_2X2();
-    LOAD_B(1); /* mid of B: with hi and mid of A */
-    DP_2X2();
-    LOAD_A(1);
-    DP_2X2();
-    LOAD_B(0); /* hi of B: with lo, mid and hi of A */
-    DP_2X2();
-    LOAD_A(2);
-    DP_2X2();
-    LOAD_A(0);
-    DP_2X2();
-#undef LOAD_A
-#undef LOAD_B
-}
-
 /* st = K Q^T for keys [kb, kb + 32) of the tile and queries [qb, qb + 32): raw dot products. */
 FA_TM_INLINE void scores_block(const ktile *t, const amx_bufs *B, int kb, int qb, int dp,
                                int parts) {
@@ -256,10 +210,10 @@ FA_TM_INLINE void scores_block(const ktile *t, const amx_bufs *B, int kb, int qb
             _tile_loadd(TA1, k0 + (size_t)TR * dp + x, kstride);
             _tile_loadd(TB0, q, qstride);
             _tile_loadd(TB1, q + TR, qstride);
-            DP_2X2();
+            AMX_DP_2X2();
         } else {
-            split_step(k0 + x, (size_t)KS * dp, (size_t)TR * dp, kstride, q,
-                       (size_t)(dp / 2) * BQ, qstride);
+            split_step((const char *)(k0 + x), (size_t)KS * dp * 2, (size_t)TR * dp * 2, kstride,
+                       (const char *)q, (size_t)(dp / 2) * BQ * 4, qstride, 0);
         }
     }
     float *s = B->st + qb;
@@ -287,10 +241,10 @@ FA_TM_INLINE void pv_block(const ktile *t, const amx_bufs *B, int xb, int qb, in
             _tile_loadd(TA1, v + TR * KS, KS * 2);
             _tile_loadd(TB0, pp, pstride);
             _tile_loadd(TB1, pp + TR, pstride);
-            DP_2X2();
+            AMX_DP_2X2();
         } else {
-            split_step(v, (size_t)KS * dp, (size_t)TR * KS, KS * 2, pp, (size_t)(BK / 2) * BQ,
-                       pstride);
+            split_step((const char *)v, (size_t)KS * dp * 2, (size_t)TR * KS * 2, KS * 2,
+                       (const char *)pp, (size_t)(BK / 2) * BQ * 4, pstride, 0);
         }
     }
     _tile_stored(TC00, o, ostride);
@@ -918,8 +872,8 @@ static void vexp_array(float *x, size_t n) {
     if (i < n) fa_vexp_row(x + i, x + i, (int)(n - i), 1.0f, 0.0f);
 }
 
-/* The amx level: its own forward for bf16 and fp32 and backward for bf16 (bwd_amx.c), the
-   avx512 level's kernels for everything else. */
+/* The amx level: its own forward and backward for bf16 and fp32 (bwd_amx.c), the avx512
+   level's kernels for everything else. */
 extern const fa_cpu_isa_ops fa_cpu_isa_ops_avx512;
 
 const fa_cpu_isa_ops fa_cpu_isa_ops_amx = {
@@ -934,5 +888,6 @@ const fa_cpu_isa_ops fa_cpu_isa_ops_amx = {
     .base = &fa_cpu_isa_ops_avx512,
     .fwd_takes = amx_takes,
     .fwd_method = amx_method,
+    .bwd_method = fa_cpu_amx_bwd_method,
     .bwd_takes = fa_cpu_amx_bwd_takes,
 };

@@ -56,6 +56,7 @@ typedef struct fa_cpu_isa_ops {
        products of split bf16 parts each: cpu_fwd_amx_bf16x6_f32_64x256); NULL or returning
        NULL: nothing. */
     const char *(*fwd_method)(const fa_problem *p);
+    const char *(*bwd_method)(const fa_problem *p); /* the same for the backward */
 } fa_cpu_isa_ops;
 
 /* The table of a level; NULL when this build lacks it (non-x86 builds have scalar only). */
@@ -77,10 +78,12 @@ const fa_cpu_isa_ops *fa_cpu_isa_kv_level(const fa_cpu_isa_ops *isa);
    level's FMA kernel. */
 int fa_cpu_f32_amx_enabled(void);
 
-/* bwd_amx.c — the amx level's backward (bf16, the one-pass schedule only). */
+/* bwd_amx.c — the amx level's backward (bf16: the one-pass schedule only; fp32, by split
+   products: every schedule, as one pass). */
 int fa_cpu_amx_bwd_takes(const fa_problem *p, int threads);
 fa_cpu_tiles fa_cpu_amx_bwd_tiles(const fa_problem *p);
 size_t fa_cpu_amx_bwd_ws(const fa_problem *p, int threads);
 void fa_cpu_amx_bwd(const fa_problem *p, void *ws, int threads);
+const char *fa_cpu_amx_bwd_method(const fa_problem *p);
 
 #endif /* FA_CPU_ISA_H */
