@@ -73,6 +73,10 @@ const fa_cpu_isa_ops *fa_cpu_isa_bwd_level(const fa_cpu_isa_ops *isa, const fa_p
                                            int threads);
 const fa_cpu_isa_ops *fa_cpu_isa_kv_level(const fa_cpu_isa_ops *isa);
 
+/* fwd_amx_f32.c — the amx level's fp32 forward (fwd_amx.c's table dispatches to it). */
+size_t fa_cpu_amx_f32_fwd_ws(const fa_problem *p, int threads);
+void fa_cpu_amx_f32_fwd(const fa_problem *p, void *ws, int threads);
+
 /* Whether the amx level's forward takes fp32 problems: 1 unless FLASHATTN_CPU_F32_AMX=0
    (read at each call, as FLASHATTN_CPU_BWD_SCHEDULE is), which returns them to the avx512
    level's FMA kernel. */
