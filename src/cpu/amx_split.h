@@ -10,18 +10,17 @@
  * nine products suffice, as measured under the 2x rule: bench/NOTES.md).
  *
  * The parts come from integer masks and adds, no conversions (the VNNI pair of two values is
- * then a shift and a word blend, no permute): hi = x rounded to its top 16 bits (sign,
- * exponent, 7 stored mantissa bits); r = x - hi is exact (|x - hi| is at most an ulp of hi);
- * mid = r rounded the same way; lo = r - mid is exact and has at most 8 significant bits, so
- * it is a bf16 value too, and x = hi + mid + lo exactly. Rounding is to nearest with ties
- * away from zero (add half an ulp to the magnitude's bits, then mask), not truncation: a
- * truncated part has the sign of the rest, which makes the dropped products mid*lo, lo*mid
- * carry the sign of the product, a bias that adds up along a dot product (measured at d 8:
- * 1.24x plain fp32's mean error with all parts truncated, 0.69x rounded; bench/NOTES.md).
- * Inputs (Q, K, V) truncate hi alone, where rounding could carry x near FLT_MAX to inf; their
- * mid and lo are rounded, so the other side of every dropped product has a random sign.
- * Parts below 2^-126 are subnormal in bf16, which AMX reads as zero: only values under
- * ~2^-110 lose their lo part, an error far below the absolute error the rule measures.
+ * then a shift and a word blend, no permute): hi = the top 16 bits of x (sign, exponent, 7
+ * stored mantissa bits: truncated, so x near FLT_MAX never rounds up to inf); r = x - hi is
+ * exact (same sign, |hi| >= |x| / 2); mid = r rounded to its top 16 bits (to nearest, ties
+ * away from zero: add half an ulp to the bits, then mask); lo = r - mid is exact and has at
+ * most 8 significant bits, so it is a bf16 value too, and x = hi + mid + lo exactly.
+ * mid must round: then lo has a random sign, and every dropped product (mid*lo, lo*mid,
+ * lo*lo) has a lo factor, so their errors cancel along a dot product. Truncated, lo would
+ * have the sign of x, the dropped products the sign of the product, a bias that adds up
+ * (measured on dot products of length 8: 1.24x plain fp32's mean error with mid truncated,
+ * 0.69x rounded; bench/NOTES.md). Parts below 2^-126 are subnormal in bf16, which AMX reads
+ * as zero: values under ~2^-110 lose their lo part (see bench/NOTES.md for when that shows).
  */
 #ifndef FA_CPU_AMX_SPLIT_H
 #define FA_CPU_AMX_SPLIT_H
@@ -42,9 +41,9 @@ FA_TM_INLINE __m512 split_top(__m512 x, int round) {
     return _mm512_castsi512_ps(_mm512_and_si512(b, _mm512_set1_epi32((int)0xffff0000u)));
 }
 
-/* hi, mid, lo of 16 values, hi rounded or truncated (round_hi), mid rounded. */
-FA_TM_INLINE void split3(__m512 x, int round_hi, __m512 *hi, __m512 *mid, __m512 *lo) {
-    *hi = split_top(x, round_hi);
+/* hi (truncated), mid (rounded), lo of 16 values. */
+FA_TM_INLINE void split3(__m512 x, __m512 *hi, __m512 *mid, __m512 *lo) {
+    *hi = split_top(x, 0);
     const __m512 r = _mm512_sub_ps(x, *hi);
     *mid = split_top(r, 1);
     *lo = _mm512_sub_ps(r, *mid);
@@ -63,7 +62,7 @@ FA_TM_INLINE __m512i split_pair(__m512 a, __m512 b) {
                                    _mm512_castps_si512(b));
 }
 
-/* fp32 row src[0..d) (Q, K or V) -> three bf16 rows dst + k * pstride (k = hi, mid, lo), zero from d to
+/* fp32 row src[0..d) -> three bf16 rows dst + k * pstride (k = hi, mid, lo), zero from d to
    dp (the padding feeds the products: keep it 0). */
 FA_TM_INLINE void split_row(uint16_t *restrict dst, size_t pstride, const float *restrict src,
                             int d, int dp) {
@@ -71,20 +70,19 @@ FA_TM_INLINE void split_row(uint16_t *restrict dst, size_t pstride, const float 
         const int n = d - x;
         const __mmask16 m = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n > 0 ? n : 0)) - 1);
         __m512 h, md, lo;
-        split3(_mm512_maskz_loadu_ps(m, src + x), 0, &h, &md, &lo);
+        split3(_mm512_maskz_loadu_ps(m, src + x), &h, &md, &lo);
         _mm256_storeu_si256((__m256i *)(dst + x), split_bf16(h));
         _mm256_storeu_si256((__m256i *)(dst + pstride + x), split_bf16(md));
         _mm256_storeu_si256((__m256i *)(dst + 2 * pstride + x), split_bf16(lo));
     }
 }
 
-/* Probabilities e0 (key 2r) and e1 (key 2r + 1) of 16 queries -> row r of P^T in VNNI pairs,
-   one row per part, the parts pstride dwords apart. P <= e^8 (the lazy max): hi rounds
-   without overflow. */
+/* Values e0 (row 2r) and e1 (row 2r + 1) of 16 columns (P or dS) -> row r of their VNNI
+   pairs, one row per part, the parts pstride dwords apart. */
 FA_TM_INLINE void split_store_pairs(uint32_t *dst, size_t pstride, __m512 e0, __m512 e1) {
     __m512 h0, m0, l0, h1, m1, l1;
-    split3(e0, 1, &h0, &m0, &l0);
-    split3(e1, 1, &h1, &m1, &l1);
+    split3(e0, &h0, &m0, &l0);
+    split3(e1, &h1, &m1, &l1);
     _mm512_storeu_si512(dst, split_pair(h0, h1));
     _mm512_storeu_si512(dst + pstride, split_pair(m0, m1));
     _mm512_storeu_si512(dst + 2 * pstride, split_pair(l0, l1));

@@ -402,11 +402,11 @@ static void build_p_ds(const bwd_bufs *B, uint32_t *pp, uint32_t *dsp, const flo
                 split_store_pairs(dsp + (size_t)(i / 2) * BK + j, pd, d0, d1);
                 __m512 h, m, l;
                 uint16_t *r0 = B->dsr + (size_t)i * BK + j, *r1 = r0 + BK;
-                split3(d0, 1, &h, &m, &l);
+                split3(d0, &h, &m, &l);
                 _mm256_storeu_si256((__m256i *)r0, split_bf16(h));
                 _mm256_storeu_si256((__m256i *)(r0 + pr), split_bf16(m));
                 _mm256_storeu_si256((__m256i *)(r0 + 2 * pr), split_bf16(l));
-                split3(d1, 1, &h, &m, &l);
+                split3(d1, &h, &m, &l);
                 _mm256_storeu_si256((__m256i *)r1, split_bf16(h));
                 _mm256_storeu_si256((__m256i *)(r1 + pr), split_bf16(m));
                 _mm256_storeu_si256((__m256i *)(r1 + 2 * pr), split_bf16(l));

@@ -382,8 +382,7 @@ AMX_FN void strip_exp(const amx_bufs *B, uint32_t *pt, int ns, int nq32, float m
    gets exactly exp(0) = 1, as in a plain softmax; fused, it would get exp of the max's
    rounding error, an ulp of error in l that goes straight into the LSE. */
 FA_TM_INLINE __m512 exp_scaled(__m512 s, __m512 vmul, __m512 ref) {
-    const __m512 x = _mm512_mul_round_ps(s, vmul, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    return (__m512)fa_vexp_softmax((fa_vf)_mm512_sub_ps(x, ref));
+    return (__m512)fa_vexp_softmax((fa_vf)_mm512_fmsub_ps(s, vmul, ref));
 }
 
 /* strip_exp for fp32 inputs: the probabilities in fp32, exp(s * mul - m) by fwd_tiled.c's
