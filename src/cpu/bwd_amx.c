@@ -53,6 +53,10 @@
 /* Query tiles whose P and dS join one dV, dK product: the accumulators (a load and a store
    of dp x BK floats each per product) are then read once per QG tiles. */
 #define QG 4
+/* The same for fp32 (parts 3): runs of two. The run's P and dS pairs (three parts each) and
+   its share of the query side then stay closer to L1: at d128, seqlen 2048 the backward took
+   223-228 ms (1 thread) with runs of 2, 237-239 with 4, 226 with 1, 261 with 8. */
+#define QG_SPLIT 2
 /* Key tiles that each run of query tiles meets while it is in cache: the query side of a
    work item (its packed operands and dQ, megabytes at long sequences) then streams through
    the cache once per KG key tiles. */
@@ -498,12 +502,13 @@ static void key_group(const fa_problem *p, const bwd_bufs *B, int64_t b, int64_t
     const int64_t ia = fa_tm_first_row(p, sq, sk, 0, sq, j0, 0);
     const int64_t ib = fa_tm_first_row(p, sq, sk, ia, sq, j0 + (n - 1) * BK + nk[n - 1], 1);
     fa_tm_qrows rows[QG];
+    const int qg = B->parts > 1 ? QG_SPLIT : QG;
     pair_at at;
     for (at.r = 0; at.r < p->group; at.r++) {
         const float slope = fa_alibi_slope(p, b, hk * p->group + at.r);
-        for (int64_t g0 = ia & ~(int64_t)63; g0 < ib; g0 += QG * BQ) {
+        for (int64_t g0 = ia & ~(int64_t)63; g0 < ib; g0 += qg * BQ) {
             int nrun = 0;
-            for (; nrun < QG && g0 + nrun * BQ < ib; nrun++) {
+            for (; nrun < qg && g0 + nrun * BQ < ib; nrun++) {
                 const int64_t i0 = g0 + nrun * BQ;
                 fa_tm_qrows_init(&rows[nrun], p, i0, sq - i0 < BQ ? (int)(sq - i0) : BQ, sq, sk);
             }
