@@ -157,4 +157,20 @@ FA_TM_INLINE void split_step(const char *a, size_t apart, size_t a1, size_t as, 
 #undef LOAD_B
 }
 
+/*
+ * The split kernels run with MXCSR's flush-to-zero and denormals-are-zero bits set (and the
+ * caller's MXCSR restored after): exponentials of masked (-inf) and far-below-max scores
+ * underflow, and each such vector took a microcode assist (the causal forward spent 11-15% of
+ * its time there: bench/NOTES.md). What they flush is below 2^-126 and so already lost to the
+ * split's parts (AMX reads subnormal bf16 as zero); P below 2^-126 next to a row max near 1 is
+ * far below the rule's absolute error.
+ */
+FA_TM_INLINE unsigned split_mxcsr_enter(void) {
+    const unsigned old = _mm_getcsr();
+    _mm_setcsr(old | 0x8040u); /* FTZ (bit 15) | DAZ (bit 6) */
+    return old;
+}
+
+FA_TM_INLINE void split_mxcsr_leave(unsigned old) { _mm_setcsr(old); }
+
 #endif /* FA_CPU_AMX_SPLIT_H */

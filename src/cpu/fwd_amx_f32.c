@@ -143,12 +143,14 @@ void fa_cpu_amx_f32_fwd(const fa_problem *p, void *ws, int threads) {
         split_layout(dp, base + per_thread * (size_t)fa_tm_tid(), &w);
         /* the tile state is per thread: configure it in each one, release it after */
         _tile_loadconfig(&cfg);
+        const unsigned csr = split_mxcsr_enter();
 #pragma omp for schedule(dynamic)
         for (int64_t it = 0; it < items; it++) {
             /* last tiles first: under a causal mask they are the longest */
             const int64_t g = ng - 1 - it % ng, bh = it / ng;
             split_item(p, bh / p->heads_q, bh % p->heads_q, g * GQ, &w, dp);
         }
+        split_mxcsr_leave(csr);
         _tile_release();
     }
 }
