@@ -377,10 +377,9 @@ AMX_FN void strip_exp(const amx_bufs *B, uint32_t *pt, int ns, int nq32, float m
     }
 }
 
-/* exp(s * mul - ref) for fp32: s * mul rounded first (the explicit rounding keeps the compiler
-   from fusing it into the subtraction), as the running max is, so the key that holds the max
-   gets exactly exp(0) = 1, as in a plain softmax; fused, it would get exp of the max's
-   rounding error, an ulp of error in l that goes straight into the LSE. */
+/* exp(s * mul - ref) for fp32, the argument in one fused step as fwd_tiled.c forms it (the
+   max's key then gets exp of the max's rounding error, not exactly 1: an explicitly rounded
+   product, vmulps {rn-sae}, cost 5% of the d128 forward and changed no error measured). */
 FA_TM_INLINE __m512 exp_scaled(__m512 s, __m512 vmul, __m512 ref) {
     return (__m512)fa_vexp_softmax((fa_vf)_mm512_fmsub_ps(s, vmul, ref));
 }
