@@ -221,6 +221,13 @@ typedef struct fa_context fa_context;
  * FA_ERR_NO_BACKEND when the library was built without CUDA or no device is usable.
  * Environment: FLASHATTN_LOG=1 prints every kernel choice to stderr; FLASHATTN_STRICT=1 makes
  * the context strict (see fa_context_set_strict); FLASHATTN_NUM_THREADS sets the thread count.
+ * CPU backend: FLASHATTN_CPU_ISA=amx|avx512|avx2|scalar forces an instruction-set level (one
+ * the CPU lacks is an error); at the amx level (the default on CPUs with AMX-BF16) the fp32
+ * forward and backward run on the AMX unit, each fp32 product formed from six products of
+ * bf16 parts (kernels cpu_fwd_amx_bf16x6_f32_*, cpu_bwd_amx_bf16x6_f32_*, fp32 accuracy under
+ * the library's 2x rule), and FLASHATTN_CPU_F32_AMX=0 returns both to the AVX-512 FMA kernels
+ * (the selection's reason says so); FLASHATTN_CPU_BWD_SCHEDULE=one-pass|two-pass forces the
+ * backward's schedule (the amx fp32 backward has one, and says so in the reason).
  * Returns FA_OK, FA_ERR_NULL_POINTER, FA_ERR_INVALID_ARGUMENT, FA_ERR_NO_BACKEND,
  * FA_ERR_OUT_OF_MEMORY. On error *ctx is set to NULL and fa_last_error(NULL) has the message.
  */
@@ -335,7 +342,8 @@ FA_API fa_status fa_bwd(fa_context *ctx, const fa_tensor *q, const fa_tensor *k,
 /* Bytes of workspace fa_bwd would use for these arguments. On the CPU: one float per query row
    and head (D), tiles per thread and, when the one-pass schedule runs (see the README), a dQ
    accumulator of at most 64 MiB per thread (the amx level's bf16 backward: about three times
-   that, with the packed Q and dO of a kv head's query heads). */
+   that, with the packed Q and dO of a kv head's query heads; its fp32 backward about seven
+   times, three bf16 parts of each). */
 FA_API fa_status fa_bwd_workspace_size(fa_context *ctx, const fa_tensor *q, const fa_tensor *k,
                                        const fa_tensor *v, const fa_params *p, size_t *bytes);
 

@@ -329,6 +329,55 @@ static void strict_refuses_fallback(void **state) {
     fa_context_destroy(c);
 }
 
+/* FLASHATTN_CPU_F32_AMX=0 sends the amx level's fp32 forward and backward to the avx512 FMA
+   kernels, read at each call, and the record says why (not a fallback: strict mode runs it);
+   the gradients agree with the amx pair's up to rounding. Where the CPU has no amx level the
+   switch changes nothing. */
+static void f32_amx_switch(void **state) {
+    (void)state;
+    fa_context *c;
+    assert_int_equal(fa_context_create(&c, FA_BACKEND_CPU), FA_OK);
+    assert_int_equal(fa_context_set_strict(c, 1), FA_OK);
+    prob p;
+    prob_init(&p, FA_DTYPE_F32);
+    char kernels[2][2][64];
+    tk_buf dv[2];
+    for (int off = 0; off < 2; off++) {
+        if (off) assert_int_equal(setenv("FLASHATTN_CPU_F32_AMX", "0", 1), 0);
+        assert_int_equal(fwd(c, &p, NULL), FA_OK);
+        snprintf(kernels[off][0], 64, "%s", fa_last_selection(c)->kernel);
+        if (off && strstr(kernels[0][0], "_amx_"))
+            assert_non_null(strstr(fa_last_selection(c)->reason, "FLASHATTN_CPU_F32_AMX=0"));
+        assert_int_equal(bwd(c, &p, NULL), FA_OK);
+        snprintf(kernels[off][1], 64, "%s", fa_last_selection(c)->kernel);
+        if (off && strstr(kernels[0][1], "_amx_"))
+            assert_non_null(strstr(fa_last_selection(c)->reason, "FLASHATTN_CPU_F32_AMX=0"));
+        tk_rng r;
+        tk_rng_init(&r, 1);
+        int64_t shape[4];
+        for (int x = 0; x < 4; x++) shape[x] = p.dv.t.shape[x];
+        assert_int_equal(tk_buf_alloc(&dv[off], FA_DTYPE_F32, 4, shape, 0, &r), 0);
+        tk_copy(&dv[off], &p.dv);
+    }
+    assert_int_equal(unsetenv("FLASHATTN_CPU_F32_AMX"), 0);
+    for (int op = 0; op < 2; op++) {
+        assert_null(strstr(kernels[1][op], "_amx_"));
+        if (strstr(kernels[0][op], "_amx_"))
+            assert_non_null(strstr(kernels[1][op], "_avx512_"));
+        else
+            assert_string_equal(kernels[0][op], kernels[1][op]);
+    }
+    const tk_err e = tk_compare(&dv[1].t, &dv[0].t);
+    assert_int_equal(e.nonfinite, 0);
+    assert_true(e.max_abs <= 1e-5 * (e.ref_max > 1 ? e.ref_max : 1));
+    assert_int_equal(fwd(c, &p, NULL), FA_OK); /* read at each call: back to the first */
+    assert_string_equal(fa_last_selection(c)->kernel, kernels[0][0]);
+    tk_buf_free(&dv[0]);
+    tk_buf_free(&dv[1]);
+    prob_free(&p);
+    fa_context_destroy(c);
+}
+
 static void user_workspace(void **state) {
     (void)state;
     prob p;
@@ -438,7 +487,7 @@ int main(void) {
         cmocka_unit_test(tensor_constructors), cmocka_unit_test(params_default),
         cmocka_unit_test(context_setters),  cmocka_unit_test(selection_record),
         cmocka_unit_test(user_workspace), cmocka_unit_test(bwd_schedule_record),
-        cmocka_unit_test(strict_refuses_fallback),
+        cmocka_unit_test(strict_refuses_fallback), cmocka_unit_test(f32_amx_switch),
 #ifndef _WIN32
         cmocka_unit_test(env_log),          cmocka_unit_test(env_threads),
 #endif

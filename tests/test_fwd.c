@@ -87,12 +87,79 @@ static void lse_optional_and_repeatable(void **state) {
     fa_context_destroy(ctx);
 }
 
+/*
+ * fp32 inputs scaled by powers of two, under the 2x rule: the amx level splits each fp32 value
+ * into three bf16 parts (src/cpu/amx_split.h), whose lo part is subnormal, and read as zero by
+ * AMX, for values under ~2^-110. Q * 2^-a with K * 2^a keeps the scores of unit normals while
+ * every Q element is tiny (a = 100 is the edge the kernel holds: at 108 it errs 4x the plain
+ * baseline, bench/NOTES.md); V * 2^+-120 puts O near the ends of the fp32 range; causal masks
+ * give -inf scores. Every level runs it: the FMA kernels must hold it too.
+ */
+static void f32_scaled_inputs(void **state) {
+    (void)state;
+    static const struct {
+        int q, k, v, causal;
+    } sc[] = {{-100, 100, 0, 0}, {100, -100, 0, 1}, {-60, 60, 120, 1}, {0, 0, -120, 0},
+              {0, 0, 120, 0}};
+    tk_rng r;
+    tk_rng_init(&r, tk_seed());
+    for (size_t c = 0; c < sizeof sc / sizeof sc[0]; c++) {
+        const int64_t shape[4] = {1, 150, 2, 64}, lshape[3] = {1, 2, 150};
+        tk_buf in[3], in64[3], o[3], lse[3]; /* o, lse: [0] f64 reference, [1] plain, [2] kernel */
+        const int ex[3] = {sc[c].q, sc[c].k, sc[c].v};
+        for (int t = 0; t < 3; t++) {
+            assert_int_equal(tk_buf_alloc(&in[t], FA_DTYPE_F32, 4, shape, 0, &r), 0);
+            assert_int_equal(tk_buf_alloc(&in64[t], FA_DTYPE_F64, 4, shape, 0, &r), 0);
+            tk_fill_normal(&in[t], &r, 1);
+            for (int64_t i = 0; i < tk_numel(&in[t].t); i++)
+                tk_set(&in[t].t, i, ldexp(tk_get(&in[t].t, i), ex[t]));
+            tk_copy(&in64[t], &in[t]);
+        }
+        for (int run = 0; run < 3; run++) {
+            const fa_dtype dt = run == 0 ? FA_DTYPE_F64 : FA_DTYPE_F32;
+            assert_int_equal(tk_buf_alloc(&o[run], dt, 4, shape, 0, &r), 0);
+            assert_int_equal(tk_buf_alloc(&lse[run], dt, 3, lshape, 0, &r), 0);
+            tk_poison(&o[run]);
+            fa_context *ctx;
+            assert_int_equal(fa_context_create(&ctx, FA_BACKEND_CPU), FA_OK);
+            const fa_algo algo[3] = {FA_ALGO_NAIVE, FA_ALGO_PLAIN, FA_ALGO_AUTO};
+            assert_int_equal(fa_context_set_algo(ctx, algo[run]), FA_OK);
+            fa_params p = fa_params_default();
+            p.causal = sc[c].causal;
+            const tk_buf *x = run == 0 ? in64 : in;
+            assert_int_equal(fa_fwd(ctx, &x[0].t, &x[1].t, &x[2].t, &p, &o[run].t, &lse[run].t),
+                             FA_OK);
+            if (run == 2 && getenv("FLASHATTN_TEST_VERBOSE"))
+                print_message("scaled %d/%d/%d: %s\n", ex[0], ex[1], ex[2],
+                              fa_last_selection(ctx)->kernel);
+            fa_context_destroy(ctx);
+        }
+        const tk_buf *outs[2][3] = {{&o[0], &o[1], &o[2]}, {&lse[0], &lse[1], &lse[2]}};
+        for (int w = 0; w < 2; w++) {
+            const tk_err base = tk_compare(&outs[w][1]->t, &outs[w][0]->t);
+            const tk_err kern = tk_compare(&outs[w][2]->t, &outs[w][0]->t);
+            if (!tk_rule(&kern, &base, FA_DTYPE_F32, 0.0, NULL))
+                fail_msg("Q*2^%d K*2^%d V*2^%d%s: %s kernel max %.3g mean %.3g, plain max %.3g "
+                         "mean %.3g",
+                         ex[0], ex[1], ex[2], sc[c].causal ? " causal" : "", w ? "LSE" : "O",
+                         kern.max_abs, kern.mean_abs, base.max_abs, base.mean_abs);
+        }
+        for (int t = 0; t < 3; t++) {
+            tk_buf_free(&in[t]);
+            tk_buf_free(&in64[t]);
+            tk_buf_free(&o[t]);
+            tk_buf_free(&lse[t]);
+        }
+    }
+}
+
 int main(int argc, char **argv) {
     size_t n;
     const tk_case *cases = tk_fwd_cases(&n);
     const struct CMUnitTest extra[] = {
         cmocka_unit_test(empty_rows_exact),
         cmocka_unit_test(lse_optional_and_repeatable),
+        cmocka_unit_test(f32_scaled_inputs),
     };
     return sweep_main(argc, argv, "fwd", cases, n, extra, sizeof extra / sizeof *extra);
 }

@@ -225,11 +225,25 @@ static fa_status cpu_bwd_workspace(fa_context *ctx, const fa_problem *p, size_t 
     return st;
 }
 
-/* cpu_<op>_<level>_<dtype>_<tile_q>x<tile_k>, e.g. cpu_fwd_avx512_f32_64x64 */
-static const char *tiled_name(char *buf, size_t len, const char *op, const fa_cpu_isa_ops *isa,
+int fa_cpu_f32_amx_enabled(void) {
+    const char *e = getenv("FLASHATTN_CPU_F32_AMX");
+    return !(e && strcmp(e, "0") == 0);
+}
+
+/* The level's name in a kernel's, with the method where the level names one (bwd: the
+   backward's). */
+static const char *level_name(char *buf, size_t len, const fa_cpu_isa_ops *isa,
+                              const fa_problem *p, int bwd) {
+    const char *(*method)(const fa_problem *) = bwd ? isa->bwd_method : isa->fwd_method;
+    const char *m = method ? method(p) : NULL;
+    snprintf(buf, len, "%s%s%s", isa->name, m ? "_" : "", m ? m : "");
+    return buf;
+}
+
+/* cpu_<op>_<level>[_<method>]_<dtype>_<tile_q>x<tile_k>, e.g. cpu_fwd_avx512_f32_64x64 */
+static const char *tiled_name(char *buf, size_t len, const char *op, const char *level,
                               fa_dtype dt, fa_cpu_tiles t) {
-    snprintf(buf, len, "cpu_%s_%s_%s_%dx%d", op, isa->name, fa_dtype_name(dt), t.tile_q,
-             t.tile_k);
+    snprintf(buf, len, "cpu_%s_%s_%s_%dx%d", op, level, fa_dtype_name(dt), t.tile_q, t.tile_k);
     return buf;
 }
 
@@ -249,11 +263,21 @@ static fa_status cpu_fwd(fa_context *ctx, const fa_problem *p, void *ws, size_t 
     const fa_cpu_isa_ops *isa;
     fa_status st = isa_for(ctx, "fa_fwd", &isa);
     if (st != FA_OK) return st;
+    const fa_cpu_isa_ops *active = isa;
     isa = fa_cpu_isa_fwd_level(isa, p);
     isa->fwd(p, ws, threads);
     const fa_cpu_tiles t = isa->fwd_tiles(p);
-    record(ctx, "fwd", tiled_name(name, sizeof name, "fwd", isa, p->dtype, t), t, threads,
-           isa->fwd_ws(p, threads));
+    char level[32];
+    record(ctx, "fwd",
+           tiled_name(name, sizeof name, "fwd", level_name(level, sizeof level, isa, p, 0),
+                      p->dtype, t),
+           t, threads, isa->fwd_ws(p, threads));
+    /* the one forward a level hands down on request, not for want of a kernel: say so */
+    if (active != isa && active->fwd_method && p->dtype == FA_DTYPE_F32 &&
+        !fa_cpu_f32_amx_enabled())
+        snprintf(ctx->sel.reason, sizeof ctx->sel.reason,
+                 "FLASHATTN_CPU_F32_AMX=0: the %s fp32 %s (FMA) instead of the %s one",
+                 isa->name, "forward", active->name);
     return FA_OK;
 }
 
@@ -285,9 +309,29 @@ static fa_status cpu_bwd(fa_context *ctx, const fa_problem *p, void *ws, size_t 
                        active->name, isa->name);
     isa->bwd(p, ws, threads);
     const fa_cpu_tiles t = isa->bwd_tiles(p);
-    record(ctx, "bwd", tiled_name(name, sizeof name, "bwd", isa, p->dtype, t), t, threads,
-           isa->bwd_ws(p, threads));
+    char level[32];
+    record(ctx, "bwd",
+           tiled_name(name, sizeof name, "bwd", level_name(level, sizeof level, isa, p, 1),
+                      p->dtype, t),
+           t, threads, isa->bwd_ws(p, threads));
     fa_cpu_bwd_one_pass(p, threads, ctx->sel.reason, sizeof ctx->sel.reason);
+    if (isa->bwd_method && isa->bwd_method(p) && ctx->sel.reason[0]) {
+        /* the split backward has one schedule (bwd_amx.c): say that it did not follow this one */
+        char *r = ctx->sel.reason;
+        const size_t len = sizeof ctx->sel.reason;
+        char schedule[sizeof ctx->sel.reason];
+        memcpy(schedule, r, len);
+        const int n = snprintf(r, len,
+                               "%s fp32 backward: one pass (it recomputes the forward's scores "
+                               "bit for bit), not the schedule's ",
+                               isa->name);
+        if (n > 0 && (size_t)n < len) snprintf(r + n, len - (size_t)n, "%s", schedule);
+    }
+    if (active != isa && active->bwd_method && p->dtype == FA_DTYPE_F32 &&
+        !fa_cpu_f32_amx_enabled())
+        snprintf(ctx->sel.reason, sizeof ctx->sel.reason,
+                 "FLASHATTN_CPU_F32_AMX=0: the %s fp32 %s (FMA) instead of the %s one",
+                 isa->name, "backward", active->name);
     if (fell_back) {
         char *r = ctx->sel.reason;
         const size_t len = sizeof ctx->sel.reason;
@@ -370,7 +414,8 @@ const fa_backend_ops fa_cpu_backend = {
 
 /* The references and the merge have one name; the tiled kernels one per level the build has,
    dtype and tile shape (64 x 64 on every complete level), each listed under the level that
-   owns it (the amx level owns only its bf16 forward and backward). */
+   owns it (the amx level owns its bf16 and fp32 forward and its bf16 backward; the fp32
+   forward is listed unless FLASHATTN_CPU_F32_AMX=0 hands it to the avx512 level). */
 static const char *const cpu_fixed_kernels[] = {
     "cpu_fwd_naive_f64", "cpu_bwd_naive_f64",  "cpu_fwd_plain_f32",  "cpu_fwd_plain_f16",
     "cpu_fwd_plain_bf16", "cpu_bwd_plain_f32", "cpu_bwd_plain_f16",  "cpu_bwd_plain_bf16",
@@ -394,18 +439,22 @@ static void list_tiled(void) {
                 p.dtype = tiled_dtypes[d];
                 p.d = 64;
                 fa_cpu_tiles t = {FA_CPU_TILE, FA_CPU_TILE};
+                char level[32];
+                snprintf(level, sizeof level, "%s", isa->name);
                 if (o == 0) {
                     if (fa_cpu_isa_fwd_level(isa, &p) != isa) continue;
                     t = isa->fwd_tiles(&p);
+                    level_name(level, sizeof level, isa, &p, 0);
                 } else if (o == 1) {
                     /* threads 0: whether the level's backward covers the dtype at all */
                     if (fa_cpu_isa_bwd_level(isa, &p, 0) != isa) continue;
                     t = isa->bwd_tiles(&p);
+                    level_name(level, sizeof level, isa, &p, 1);
                 } else if (!isa->kv) {
                     continue;
                 }
                 snprintf(g_tiled_names[g_tiled_count++], sizeof g_tiled_names[0],
-                         "cpu_%s_%s_%s_%dx%d", tiled_ops[o], isa->name,
+                         "cpu_%s_%s_%s_%dx%d", tiled_ops[o], level,
                          fa_dtype_name(tiled_dtypes[d]), t.tile_q, t.tile_k);
             }
     }

@@ -1,5 +1,6 @@
 /*
- * cpu/bwd_amx.c — FlashAttention backward for bf16 inputs on AMX (the `amx` level, isa.h).
+ * cpu/bwd_amx.c — FlashAttention backward on AMX (the `amx` level, isa.h), for bf16 inputs
+ * and, by products of split bf16 parts (amx_split.h), for fp32 ones.
  *
  * bwd_tiled.c's one-pass schedule with the five tile products on the AMX unit: a work item
  * per (batch, kv head) owns dK and dV of its key tiles and sums dQ of every query row of its
@@ -26,6 +27,16 @@
  * keys to 32 (zero rows), and P and dS are zeroed past the tile's keys, so the padding never
  * reaches a stored value.
  *
+ * fp32 (`parts` 3, cpu_bwd_amx_bf16x6_f32): every bf16 operand buffer holds three parts (hi,
+ * mid, lo), P and dS are split where they are written, and each product runs the six partial
+ * products of split_step. S runs them in the forward's order (fwd_amx.c), so that the scores
+ * are the forward's bit for bit: P = exp(s - LSE) is only as good as the agreement of s with
+ * the scores LSE was summed from, and the avx512 backward, whose FMA scores differ from the
+ * forward's in the last bits, failed the 2x rule on dV where a row has one dominant key. For
+ * the same reason this backward takes every fp32 problem whatever the schedule bwd_schedule.c
+ * would pick (up to its dQ buffer bound), and FLASHATTN_CPU_F32_AMX=0 moves both the forward
+ * and the backward to the avx512 level.
+ *
  * Measured on a 2-core Sapphire Rapids (bench/cpu_vs_torch.py, B 1, H 8): 1.4-1.6 TFLOP/s at
  * d 128, 2.4-3.5x PyTorch's CPU SDPA backward in bf16, where the avx512 backward measured
  * 0.58-1.19x (bench/results/2026-11-23-cpu-4741eb8.md).
@@ -34,6 +45,7 @@
 #include <string.h>
 
 #include "amx_common.h"
+#include "amx_split.h"
 #include "isa.h"
 
 #define BQ FA_TM_BQ /* query rows of a tile (64: fa_tm_qrows, fa_tm_scores_qmajor) */
@@ -41,6 +53,10 @@
 /* Query tiles whose P and dS join one dV, dK product: the accumulators (a load and a store
    of dp x BK floats each per product) are then read once per QG tiles. */
 #define QG 4
+/* The same for fp32 (parts 3): runs of two. The run's P and dS pairs (three parts each) and
+   its share of the query side then stay closer to L1: at d128, seqlen 2048 the backward took
+   223-228 ms (1 thread) with runs of 2, 237-239 with 4, 226 with 1, 261 with 8. */
+#define QG_SPLIT 2
 /* Key tiles that each run of query tiles meets while it is in cache: the query side of a
    work item (its packed operands and dQ, megabytes at long sequences) then streams through
    the cache once per KG key tiles. */
@@ -48,14 +64,26 @@
 
 FA_TM_INLINE int64_t pad64l(int64_t n) { return (n + 63) & ~(int64_t)63; }
 
+/* bf16 parts per operand value: 1 for bf16 inputs, SPLIT_PARTS for fp32 ones. */
+static int parts_of(const fa_problem *p) { return p->dtype == FA_DTYPE_F32 ? SPLIT_PARTS : 1; }
+
 /* ---- per-thread buffers ---- */
 
-/* One key tile: its operands and gradient accumulators. */
+/* One key tile: its operands (each per part) and gradient accumulators. */
 typedef struct kt_bufs {
     uint32_t *kvn, *vvn; /* dp/2 x BK: kvn[r][j] = (K[j][2r], K[j][2r+1]) */
     uint32_t *kp;        /* BK/2 x dp: kp[r][x] = (K[2r][x], K[2r+1][x]) */
     float *dkt, *dvt;    /* dp x BK: dK^T and dV^T accumulators */
 } kt_bufs;
+
+/* Elements from one part of an operand buffer to the next. */
+typedef struct part_strides {
+    size_t q;   /* qr, dor, qt, dot (bf16) */
+    size_t kv;  /* kvn, vvn, kp (dwords) */
+    size_t pd;  /* pp, dsp (dwords) */
+    size_t dsr; /* dsr (bf16) */
+    size_t stg; /* stg (bf16) */
+} part_strides;
 
 typedef struct bwd_bufs {
     /* the work item's query side: nrows rows per query head of the group */
@@ -75,6 +103,8 @@ typedef struct bwd_bufs {
     uint32_t *pp, *dsp;  /* QG*BQ/2 x BK: pp[r][j] = (P[2r][j], P[2r+1][j]), same for dS,
                             rows of a run of QG query tiles */
     uint16_t *dsr;       /* BQ x BK: dS rows */
+    int parts;
+    part_strides ps;
 } bwd_bufs;
 
 /* Rows per query head in the item buffers: the longest query sequence, padded to a tile. */
@@ -90,20 +120,27 @@ static int64_t item_rows(const fa_problem *p) {
 static size_t bwd_layout(const fa_problem *p, float *base, bwd_bufs *b) {
     const size_t dp = (size_t)pad32((int)p->d), nr = (size_t)item_rows(p);
     const size_t qside = (size_t)p->group * nr * dp; /* elements of one query-side operand */
+    const size_t np = (size_t)parts_of(p);
     size_t off = 0;
-    b->qr = (uint16_t *)fa_tm_take(base, &off, qside / 2);
-    b->dor = (uint16_t *)fa_tm_take(base, &off, qside / 2);
-    b->qt = (uint16_t *)fa_tm_take(base, &off, qside / 2);
-    b->dot = (uint16_t *)fa_tm_take(base, &off, qside / 2);
+    b->parts = (int)np;
+    b->ps.q = qside;
+    b->ps.kv = dp / 2 * BK; /* = BK / 2 * dp */
+    b->ps.pd = (size_t)QG * BQ / 2 * BK;
+    b->ps.dsr = (size_t)BQ * BK;
+    b->ps.stg = (size_t)BK * dp;
+    b->qr = (uint16_t *)fa_tm_take(base, &off, np * qside / 2);
+    b->dor = (uint16_t *)fa_tm_take(base, &off, np * qside / 2);
+    b->qt = (uint16_t *)fa_tm_take(base, &off, np * qside / 2);
+    b->dot = (uint16_t *)fa_tm_take(base, &off, np * qside / 2);
     b->lse = fa_tm_take(base, &off, (size_t)p->group * nr);
     b->dd = fa_tm_take(base, &off, (size_t)p->group * nr);
     b->dq = fa_tm_take(base, &off, qside);
-    b->stg = (uint16_t *)fa_tm_take(base, &off, BK * dp / 2);
+    b->stg = (uint16_t *)fa_tm_take(base, &off, np * BK * dp / 2);
     for (int t = 0; t < KG; t++) {
         kt_bufs *k = &b->kt[t];
-        k->kvn = (uint32_t *)fa_tm_take(base, &off, dp / 2 * BK);
-        k->vvn = (uint32_t *)fa_tm_take(base, &off, dp / 2 * BK);
-        k->kp = (uint32_t *)fa_tm_take(base, &off, BK / 2 * dp);
+        k->kvn = (uint32_t *)fa_tm_take(base, &off, np * dp / 2 * BK);
+        k->vvn = (uint32_t *)fa_tm_take(base, &off, np * dp / 2 * BK);
+        k->kp = (uint32_t *)fa_tm_take(base, &off, np * BK / 2 * dp);
         k->dkt = fa_tm_take(base, &off, dp * BK);
         k->dvt = fa_tm_take(base, &off, dp * BK);
     }
@@ -111,9 +148,9 @@ static size_t bwd_layout(const fa_problem *p, float *base, bwd_bufs *b) {
     b->s = fa_tm_take(base, &off, (size_t)BQ * BK);
     b->dps = fa_tm_take(base, &off, (size_t)BQ * BK);
     b->g = fa_tm_take(base, &off, (size_t)BQ * BK);
-    b->pp = (uint32_t *)fa_tm_take(base, &off, (size_t)QG * BQ / 2 * BK);
-    b->dsp = (uint32_t *)fa_tm_take(base, &off, (size_t)QG * BQ / 2 * BK);
-    b->dsr = (uint16_t *)fa_tm_take(base, &off, (size_t)BQ * BK / 2);
+    b->pp = (uint32_t *)fa_tm_take(base, &off, np * QG * BQ / 2 * BK);
+    b->dsp = (uint32_t *)fa_tm_take(base, &off, np * QG * BQ / 2 * BK);
+    b->dsr = (uint16_t *)fa_tm_take(base, &off, np * BQ * BK / 2);
     return off;
 }
 
@@ -127,12 +164,32 @@ FA_TM_INLINE __m512 load16_bf(const uint16_t *s, int n) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
 }
 
+/* fp32 of 16 elements of a bf16 or an fp32 row (masked: nothing past n is read). */
+FA_TM_INLINE __m512 load16(const void *s, int n, int f32) {
+    if (!f32) return load16_bf((const uint16_t *)s, n);
+    const __mmask16 m = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n > 0 ? n : 0)) - 1);
+    return _mm512_maskz_loadu_ps(m, s);
+}
+
 /* D = rowsum(dO * O) of one row, in fp32. */
-static float row_dot(const uint16_t *o, const uint16_t *g, int d) {
+static float row_dot(const void *o, const void *g, int d, int f32) {
+    const size_t es = f32 ? 4 : 2;
     __m512 acc = _mm512_setzero_ps();
     for (int x = 0; x < d; x += 16)
-        acc = _mm512_fmadd_ps(load16_bf(o + x, d - x), load16_bf(g + x, d - x), acc);
+        acc = _mm512_fmadd_ps(load16((const char *)o + x * es, d - x, f32),
+                              load16((const char *)g + x * es, d - x, f32), acc);
     return _mm512_reduce_add_ps(acc);
+}
+
+/* A row of an operand into dst (parts pstride elements apart): bf16 copied, fp32 split;
+   zeros for a padding row (row NULL). */
+static void put_row(uint16_t *dst, size_t pstride, const void *row, int parts, int d, int dp) {
+    if (!row)
+        for (int k = 0; k < parts; k++) memset(dst + k * pstride, 0, (size_t)dp * 2);
+    else if (parts == 1)
+        copy_row(dst, row, d, dp);
+    else
+        split_row(dst, pstride, (const float *)row, d, dp);
 }
 
 /* LSE as the exponentials want it: a row that saw no key (-inf) must give P = 0, and
@@ -145,7 +202,8 @@ FA_TM_INLINE float lse_ref(const fa_problem *p, int64_t b, int64_t h, int64_t t)
 /* The query side of item (b, kv head hk): rows [0, pad64(sq)) of every head of the group. */
 static void pack_queries(const fa_problem *p, const bwd_bufs *B, int64_t b, int64_t hk,
                          int64_t q0, int64_t sq) {
-    const int d = (int)p->d, dp = pad32(d);
+    const int d = (int)p->d, dp = pad32(d), parts = B->parts, f32 = parts > 1;
+    const size_t es = f32 ? 4 : 2, ps = B->ps.q;
     const int64_t nr = item_rows(p), n64 = pad64l(sq), bq = p->cu_q ? 0 : b;
     for (int64_t r = 0; r < p->group; r++) {
         const int64_t h = hk * p->group + r;
@@ -153,24 +211,27 @@ static void pack_queries(const fa_problem *p, const bwd_bufs *B, int64_t b, int6
         float *lse = B->lse + r * nr, *dd = B->dd + r * nr;
         for (int64_t i = 0; i < n64; i++) {
             if (i < sq) {
-                const uint16_t *g = (const uint16_t *)fa_tm_row(&p->dout, 2, bq, q0 + i, h);
-                copy_row(qr + (size_t)i * dp, fa_tm_row(&p->q, 2, bq, q0 + i, h), d, dp);
-                copy_row(dor + (size_t)i * dp, g, d, dp);
+                const void *g = fa_tm_row(&p->dout, es, bq, q0 + i, h);
+                put_row(qr + (size_t)i * dp, ps, fa_tm_row(&p->q, es, bq, q0 + i, h), parts, d,
+                        dp);
+                put_row(dor + (size_t)i * dp, ps, g, parts, d, dp);
                 lse[i] = lse_ref(p, b, h, q0 + i);
-                dd[i] = row_dot((const uint16_t *)fa_tm_row(&p->o, 2, bq, q0 + i, h), g, d);
+                dd[i] = row_dot(fa_tm_row(&p->o, es, bq, q0 + i, h), g, d, f32);
             } else { /* padding rows: zero operands, P = 0 */
-                memset(qr + (size_t)i * dp, 0, (size_t)dp * 2);
-                memset(dor + (size_t)i * dp, 0, (size_t)dp * 2);
+                put_row(qr + (size_t)i * dp, ps, NULL, parts, d, dp);
+                put_row(dor + (size_t)i * dp, ps, NULL, parts, d, dp);
                 lse[i] = INFINITY;
                 dd[i] = 0.0f;
             }
         }
         uint16_t *qt = B->qt + (size_t)(r * nr) * dp, *dot = B->dot + (size_t)(r * nr) * dp;
-        for (int64_t i = 0; i < n64; i += 32) {
-            const size_t at = (size_t)(i & ~(int64_t)63) * dp + (size_t)(i & 63);
-            transpose_rows32(qt + at, BQ, qr + (size_t)i * dp, (size_t)dp, dp);
-            transpose_rows32(dot + at, BQ, dor + (size_t)i * dp, (size_t)dp, dp);
-        }
+        for (int k = 0; k < parts; k++)
+            for (int64_t i = 0; i < n64; i += 32) {
+                const size_t at = k * ps + (size_t)(i & ~(int64_t)63) * dp + (size_t)(i & 63);
+                const size_t from = k * ps + (size_t)i * dp;
+                transpose_rows32(qt + at, BQ, qr + from, (size_t)dp, dp);
+                transpose_rows32(dot + at, BQ, dor + from, (size_t)dp, dp);
+            }
     }
 }
 
@@ -188,33 +249,37 @@ static void dword_transpose(uint32_t *dst, const uint16_t *stg, int dp) {
         }
 }
 
-/* stg = rows [t0, t0 + nk) of kv head hk of operand a, zero past nk. */
-static void stage_keys(const fa_problem *p, const fa_operand *a, uint16_t *stg, int64_t bk,
+/* stg = rows [t0, t0 + nk) of kv head hk of operand a (each part B->ps.stg elements on),
+   zero past nk. */
+static void stage_keys(const fa_problem *p, const bwd_bufs *B, const fa_operand *a, int64_t bk,
                        int64_t t0, int nk, int64_t hk, int dp) {
-    for (int j = 0; j < BK; j++) {
-        if (j < nk)
-            copy_row(stg + (size_t)j * dp, fa_tm_row(a, 2, bk, t0 + j, hk), (int)p->d, dp);
-        else
-            memset(stg + (size_t)j * dp, 0, (size_t)dp * 2);
-    }
+    const size_t es = B->parts > 1 ? 4 : 2;
+    for (int j = 0; j < BK; j++)
+        put_row(B->stg + (size_t)j * dp, B->ps.stg,
+                j < nk ? fa_tm_row(a, es, bk, t0 + j, hk) : NULL, B->parts, (int)p->d, dp);
 }
 
-/* The key side of a key tile: kvn and kp from K, vvn from V. */
+/* The key side of a key tile: kvn and kp from K, vvn from V, each part. */
 static void pack_keys(const fa_problem *p, const bwd_bufs *B, const kt_bufs *K, int64_t bk,
                       int64_t t0, int nk, int64_t hk, int dp) {
-    stage_keys(p, &p->k, B->stg, bk, t0, nk, hk, dp);
-    dword_transpose(K->kvn, B->stg, dp);
+    const size_t ps = B->ps.stg, pk = B->ps.kv;
+    stage_keys(p, B, &p->k, bk, t0, nk, hk, dp);
     const __m512i idx = interleave_idx(32);
-    for (int r = 0; r < BK / 2; r++)
-        for (int x = 0; x < dp; x += 16) {
-            const __m512i a = _mm512_castsi256_si512(
-                _mm256_loadu_si256((const __m256i *)(B->stg + (size_t)(2 * r) * dp + x)));
-            const __m512i c = _mm512_castsi256_si512(
-                _mm256_loadu_si256((const __m256i *)(B->stg + (size_t)(2 * r + 1) * dp + x)));
-            _mm512_storeu_si512(K->kp + (size_t)r * dp + x, _mm512_permutex2var_epi16(a, idx, c));
-        }
-    stage_keys(p, &p->v, B->stg, bk, t0, nk, hk, dp);
-    dword_transpose(K->vvn, B->stg, dp);
+    for (int k = 0; k < B->parts; k++) {
+        const uint16_t *stg = B->stg + k * ps;
+        uint32_t *kp = K->kp + k * pk;
+        dword_transpose(K->kvn + k * pk, stg, dp);
+        for (int r = 0; r < BK / 2; r++)
+            for (int x = 0; x < dp; x += 16) {
+                const __m512i a = _mm512_castsi256_si512(
+                    _mm256_loadu_si256((const __m256i *)(stg + (size_t)(2 * r) * dp + x)));
+                const __m512i c = _mm512_castsi256_si512(
+                    _mm256_loadu_si256((const __m256i *)(stg + (size_t)(2 * r + 1) * dp + x)));
+                _mm512_storeu_si512(kp + (size_t)r * dp + x, _mm512_permutex2var_epi16(a, idx, c));
+            }
+    }
+    stage_keys(p, B, &p->v, bk, t0, nk, hk, dp);
+    for (int k = 0; k < B->parts; k++) dword_transpose(K->vvn + k * pk, B->stg + k * ps, dp);
 }
 
 /* ---- the tile products ---- */
@@ -222,10 +287,17 @@ static void pack_keys(const fa_problem *p, const bwd_bufs *B, const kt_bufs *K, 
 /* A 32 x 32 block of C (fp32, row stride cs bytes) += steps products of a 32-row A slab (row
    stride as bytes; K step k at a + (k / 2) a_pair + (k % 2) a_step bytes) and a 32-column B
    slab (row stride bs bytes, the next K step b_step bytes on); C starts at zero when zero is
-   set. */
+   set. With split operands (parts 3) each K step runs split_step on parts apart and bpart
+   bytes apart, swapped as it says. */
+typedef struct split_at {
+    int parts;
+    size_t apart, bpart;
+    int swapped;
+} split_at;
+
 FA_TM_INLINE void block2x2(float *c, size_t cs, int zero, const char *a, size_t as,
                            size_t a_step, size_t a_pair, const char *b, size_t bs,
-                           size_t b_step, int steps) {
+                           size_t b_step, int steps, split_at sp) {
     char *cb = (char *)c;
     AMX_FENCE();
     if (zero) {
@@ -241,14 +313,15 @@ FA_TM_INLINE void block2x2(float *c, size_t cs, int zero, const char *a, size_t 
     }
     for (int k = 0; k < steps; k++, b += b_step) {
         const char *ak = a + (size_t)(k >> 1) * a_pair + (size_t)(k & 1) * a_step;
+        if (sp.parts > 1) {
+            split_step(ak, sp.apart, TR * as, as, b, sp.bpart, bs, sp.swapped);
+            continue;
+        }
         _tile_loadd(TA0, ak, as);
         _tile_loadd(TA1, ak + TR * as, as);
         _tile_loadd(TB0, b, bs);
         _tile_loadd(TB1, b + 64, bs);
-        _tile_dpbf16ps(TC00, TA0, TB0);
-        _tile_dpbf16ps(TC01, TA0, TB1);
-        _tile_dpbf16ps(TC10, TA1, TB0);
-        _tile_dpbf16ps(TC11, TA1, TB1);
+        AMX_DP_2X2();
     }
     _tile_stored(TC00, cb, cs);
     _tile_stored(TC01, cb + 64, cs);
@@ -257,35 +330,40 @@ FA_TM_INLINE void block2x2(float *c, size_t cs, int zero, const char *a, size_t 
     AMX_FENCE();
 }
 
-/* out[i][j] = sum_x rows[i][x] vnn[x/2][j] for i < nq32, j < nk32: S (Q, kvn) or dP (dO, vvn). */
-static void rows_times_keys(float *out, const uint16_t *rows, const uint32_t *vnn, int nq32,
-                            int nk32, int dp) {
+/* out[i][j] = sum_x rows[i][x] vnn[x/2][j] for i < nq32, j < nk32: S (Q, kvn) or dP (dO, vvn).
+   Split products run swapped: S must be fwd_amx.c's S^T = K Q^T bit for bit. */
+static void rows_times_keys(const bwd_bufs *B, float *out, const uint16_t *rows,
+                            const uint32_t *vnn, int nq32, int nk32, int dp) {
+    const split_at sp = {B->parts, B->ps.q * 2, B->ps.kv * 4, 1};
     for (int qb = 0; qb < nq32; qb += 32)
         for (int kb = 0; kb < nk32; kb += 32)
             block2x2(out + (size_t)qb * BK + kb, BK * 4, 1,
                      (const char *)(rows + (size_t)qb * dp), (size_t)dp * 2, KS * 2, KS * 4,
-                     (const char *)(vnn + kb), BK * 4, (size_t)TR * BK * 4, dp / KS);
+                     (const char *)(vnn + kb), BK * 4, (size_t)TR * BK * 4, dp / KS, sp);
 }
 
 /* acc[x][j] += sum_i tr[x][i] pairs[i/2][j] over nq32 queries: dV^T (dO^T, P) or dK^T (Q^T,
    dS). tr is the head's transposed operand at the block of the run's first row. */
-static void trans_times_pairs(float *acc, const uint16_t *tr, const uint32_t *pairs, int nq32,
-                              int nk32, int dp) {
+static void trans_times_pairs(const bwd_bufs *B, float *acc, const uint16_t *tr,
+                              const uint32_t *pairs, int nq32, int nk32, int dp) {
+    const split_at sp = {B->parts, B->ps.q * 2, B->ps.pd * 4, 0};
     for (int xb = 0; xb < dp; xb += 32)
         for (int kb = 0; kb < nk32; kb += 32)
             block2x2(acc + (size_t)xb * BK + kb, BK * 4, 0,
                      (const char *)(tr + (size_t)xb * BQ), BQ * 2, KS * 2, (size_t)BQ * dp * 2,
-                     (const char *)(pairs + kb), BK * 4, (size_t)TR * BK * 4, nq32 / KS);
+                     (const char *)(pairs + kb), BK * 4, (size_t)TR * BK * 4, nq32 / KS, sp);
 }
 
 /* dq[i][x] += sum_j dS[i][j] K[j][x] over the tile's nk32 keys. */
 static void ds_times_keys(float *dq, const bwd_bufs *B, const uint32_t *kp, int nq32, int nk32,
                           int dp) {
+    const split_at sp = {B->parts, B->ps.dsr * 2, B->ps.kv * 4, 0};
     for (int qb = 0; qb < nq32; qb += 32)
         for (int xb = 0; xb < dp; xb += 32)
             block2x2(dq + (size_t)qb * dp + xb, (size_t)dp * 4, 0,
                      (const char *)(B->dsr + (size_t)qb * BK), BK * 2, KS * 2, KS * 4,
-                     (const char *)(kp + xb), (size_t)dp * 4, (size_t)TR * dp * 4, nk32 / KS);
+                     (const char *)(kp + xb), (size_t)dp * 4, (size_t)TR * dp * 4, nk32 / KS,
+                     sp);
 }
 
 /* ---- P and dS ---- */
@@ -317,11 +395,27 @@ FA_TM_INLINE void row_chunk(const bwd_bufs *B, int i, int j, int nk, float mul, 
 static void build_p_ds(const bwd_bufs *B, uint32_t *pp, uint32_t *dsp, const float *lse,
                        const float *dd, int nq, int nq32, int nk, int nk32, float mul, int cap) {
     const __m512i ilv = interleave_idx(16);
+    const size_t pd = B->ps.pd, pr = B->ps.dsr;
     for (int i = 0; i < nq32; i += 2)
         for (int j = 0; j < nk32; j += 16) {
             __m512 p0, p1, d0, d1;
             row_chunk(B, i, j, nk, mul, lse[i], dd[i], cap && i < nq, &p0, &d0);
             row_chunk(B, i + 1, j, nk, mul, lse[i + 1], dd[i + 1], cap && i + 1 < nq, &p1, &d1);
+            if (B->parts > 1) { /* fp32: each value split, a row of pairs or dS per part */
+                split_store_pairs(pp + (size_t)(i / 2) * BK + j, pd, p0, p1);
+                split_store_pairs(dsp + (size_t)(i / 2) * BK + j, pd, d0, d1);
+                __m512 h, m, l;
+                uint16_t *r0 = B->dsr + (size_t)i * BK + j, *r1 = r0 + BK;
+                split3(d0, &h, &m, &l);
+                _mm256_storeu_si256((__m256i *)r0, split_bf16(h));
+                _mm256_storeu_si256((__m256i *)(r0 + pr), split_bf16(m));
+                _mm256_storeu_si256((__m256i *)(r0 + 2 * pr), split_bf16(l));
+                split3(d1, &h, &m, &l);
+                _mm256_storeu_si256((__m256i *)r1, split_bf16(h));
+                _mm256_storeu_si256((__m256i *)(r1 + pr), split_bf16(m));
+                _mm256_storeu_si256((__m256i *)(r1 + 2 * pr), split_bf16(l));
+                continue;
+            }
             store_pair(pp + (size_t)(i / 2) * BK + j, p0, p1, ilv);
             store_pair(dsp + (size_t)(i / 2) * BK + j, d0, d1, ilv);
             _mm256_storeu_si256((__m256i *)(B->dsr + (size_t)i * BK + j),
@@ -345,8 +439,8 @@ static void tile_pair(const fa_problem *p, const bwd_bufs *B, const kt_bufs *K,
                       const fa_tm_qrows *rows, int kind, const pair_at *at, float slope) {
     const int dp = pad32((int)p->d), nq32 = pad32(at->nq), nk32 = pad32(at->nk);
     const int64_t nr = item_rows(p), row0 = at->r * nr + at->i0;
-    rows_times_keys(B->s, B->qr + (size_t)row0 * dp, K->kvn, nq32, nk32, dp);
-    rows_times_keys(B->dps, B->dor + (size_t)row0 * dp, K->vvn, nq32, nk32, dp);
+    rows_times_keys(B, B->s, B->qr + (size_t)row0 * dp, K->kvn, nq32, nk32, dp);
+    rows_times_keys(B, B->dps, B->dor + (size_t)row0 * dp, K->vvn, nq32, nk32, dp);
     const float cap = p->softcap;
     const int transform = fa_tm_needs_transform(kind, cap, slope);
     if (transform) {
@@ -364,8 +458,10 @@ static void tile_pair(const fa_problem *p, const bwd_bufs *B, const kt_bufs *K,
 /* A run of query tiles with nothing to see gets P = dS = 0 in its slot. */
 static void empty_slot(const bwd_bufs *B, int slot) {
     const size_t at = (size_t)slot * BQ / 2 * BK, n = (size_t)BQ / 2 * BK * 4;
-    memset(B->pp + at, 0, n);
-    memset(B->dsp + at, 0, n);
+    for (int k = 0; k < B->parts; k++) {
+        memset(B->pp + k * B->ps.pd + at, 0, n);
+        memset(B->dsp + k * B->ps.pd + at, 0, n);
+    }
 }
 
 /* dV, dK += the run of query tiles of head r from row i0 (rows32 rows, padding included). */
@@ -374,8 +470,8 @@ static void run_products(const fa_problem *p, const bwd_bufs *B, const kt_bufs *
     const int dp = pad32((int)p->d);
     const int64_t nr = item_rows(p);
     const size_t t0 = (size_t)(r * nr + i0) * dp; /* i0 is on the 64-row grid */
-    trans_times_pairs(K->dvt, B->dot + t0, B->pp, rows32, nk32, dp);
-    trans_times_pairs(K->dkt, B->qt + t0, B->dsp, rows32, nk32, dp);
+    trans_times_pairs(B, K->dvt, B->dot + t0, B->pp, rows32, nk32, dp);
+    trans_times_pairs(B, K->dkt, B->qt + t0, B->dsp, rows32, nk32, dp);
 }
 
 /* Rows [0, nk) of a gradient tile held transposed (acc[x][j]) -> operand rows, times mul. */
@@ -393,7 +489,7 @@ static void store_keys(const fa_problem *p, const bwd_bufs *B, const float *acc,
                 _mm512_storeu_si512(B->tmp + (size_t)(j0 + t) * dp + x0, w[t]);
         }
     for (int j = 0; j < nk; j++)
-        fa_tm_store_row(fa_tm_row(dst, 2, bk, t0 + j, hk), FA_DTYPE_BF16,
+        fa_tm_store_row(fa_tm_row(dst, fa_dtype_size(p->dtype), bk, t0 + j, hk), p->dtype,
                         B->tmp + (size_t)j * dp, d, mul);
 }
 
@@ -406,12 +502,13 @@ static void key_group(const fa_problem *p, const bwd_bufs *B, int64_t b, int64_t
     const int64_t ia = fa_tm_first_row(p, sq, sk, 0, sq, j0, 0);
     const int64_t ib = fa_tm_first_row(p, sq, sk, ia, sq, j0 + (n - 1) * BK + nk[n - 1], 1);
     fa_tm_qrows rows[QG];
+    const int qg = B->parts > 1 ? QG_SPLIT : QG;
     pair_at at;
     for (at.r = 0; at.r < p->group; at.r++) {
         const float slope = fa_alibi_slope(p, b, hk * p->group + at.r);
-        for (int64_t g0 = ia & ~(int64_t)63; g0 < ib; g0 += QG * BQ) {
+        for (int64_t g0 = ia & ~(int64_t)63; g0 < ib; g0 += qg * BQ) {
             int nrun = 0;
-            for (; nrun < QG && g0 + nrun * BQ < ib; nrun++) {
+            for (; nrun < qg && g0 + nrun * BQ < ib; nrun++) {
                 const int64_t i0 = g0 + nrun * BQ;
                 fa_tm_qrows_init(&rows[nrun], p, i0, sq - i0 < BQ ? (int)(sq - i0) : BQ, sq, sk);
             }
@@ -466,15 +563,24 @@ static void amx_bwd_item(const fa_problem *p, int64_t b, int64_t hk, float *ws) 
     }
     for (int64_t r = 0; r < p->group; r++)
         for (int64_t i = 0; i < sq; i++)
-            fa_tm_store_row(fa_tm_row(&p->dq, 2, bq, q0 + i, hk * p->group + r), FA_DTYPE_BF16,
-                            B.dq + (size_t)(r * nr + i) * dp, d, p->scale);
+            fa_tm_store_row(fa_tm_row(&p->dq, fa_dtype_size(p->dtype), bq, q0 + i,
+                                      hk * p->group + r),
+                            p->dtype, B.dq + (size_t)(r * nr + i) * dp, d, p->scale);
 }
 
 /* ---- entry points ---- */
 
 int fa_cpu_amx_bwd_takes(const fa_problem *p, int threads) {
-    if (p->dtype != FA_DTYPE_BF16 || p->d > 256) return 0;
+    if (p->d > 256) return 0;
+    if (p->dtype == FA_DTYPE_F32) /* every schedule (see the top), up to the dQ bound */
+        return fa_cpu_f32_amx_enabled() && (threads <= 0 || fa_cpu_bwd_dq_fits(p));
+    if (p->dtype != FA_DTYPE_BF16) return 0;
     return threads <= 0 || fa_cpu_bwd_one_pass(p, threads, NULL, 0);
+}
+
+/* The fp32 backward's name says how its products run: six split-bf16 products each. */
+const char *fa_cpu_amx_bwd_method(const fa_problem *p) {
+    return p->dtype == FA_DTYPE_F32 ? "bf16x6" : NULL;
 }
 
 fa_cpu_tiles fa_cpu_amx_bwd_tiles(const fa_problem *p) {
@@ -502,8 +608,11 @@ void fa_cpu_amx_bwd(const fa_problem *p, void *ws, int threads) {
         float *mine = base + per_thread * (size_t)fa_tm_tid();
         /* the tile state is per thread: configure it in each one, release it after */
         _tile_loadconfig(&cfg);
+        /* fp32: no assists on underflowing exponentials (amx_split.h) */
+        const unsigned csr = p->dtype == FA_DTYPE_F32 ? split_mxcsr_enter() : _mm_getcsr();
 #pragma omp for schedule(dynamic)
         for (int64_t w = 0; w < items; w++) amx_bwd_item(p, w / p->heads_kv, w % p->heads_kv, mine);
+        split_mxcsr_leave(csr);
         _tile_release();
     }
 }

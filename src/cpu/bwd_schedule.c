@@ -25,6 +25,10 @@ size_t fa_cpu_bwd_dq_floats(const fa_problem *p) {
     return ((size_t)(p->group * fa_cpu_bwd_dq_rows(p)) * dp + 15) & ~(size_t)15;
 }
 
+int fa_cpu_bwd_dq_fits(const fa_problem *p) {
+    return fa_cpu_bwd_dq_floats(p) * sizeof(float) <= DQ_MAX_BYTES;
+}
+
 int fa_cpu_bwd_one_pass(const fa_problem *p, int threads, char *why, size_t len) {
     /* FLASHATTN_CPU_BWD_SCHEDULE=one-pass or two-pass forces a schedule: the tests run both
        whatever the machine's core count */

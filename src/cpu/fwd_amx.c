@@ -1,40 +1,15 @@
 /*
- * cpu/fwd_amx.c — FlashAttention forward for bf16 inputs on AMX (the `amx` level, isa.h).
+ * cpu/fwd_amx.c — FlashAttention forward on AMX (the `amx` level, isa.h): the bf16 driver and
+ * the level's table. The tile machinery is fwd_amx_tile.h's; fp32 inputs go to
+ * fwd_amx_f32.c.
  *
- * Same algorithm as fwd_tiled.c (work item = one query tile of one (batch, head), online
- * softmax over the keys, one division at the end), with both tile products on the AMX unit:
- *
- *   S^T = K Q^T    tdpbf16ps: A = K rows (16 keys x 32 head-dim elements), B = Q^T in VNNI
- *                  pairs; the fp32 scores of a strip of 32 keys are stored key-major, st[j][i],
- *                  as in fwd_tiled.c, so the softmax reductions run down columns (whole
- *                  vectors, no horizontal reductions) and fa_tm_scores_kmajor applies masks,
- *                  softcap and ALiBi;
- *   O^T += V^T P^T tdpbf16ps: A = V^T (16 head-dim rows x 32 keys), B = P^T in VNNI pairs,
- *                  written by the softmax itself (vcvtne2ps2bf16 + one vpermw per 2 keys x 16
- *                  queries) for BK keys at a time; the accumulator is fp32, transposed (a row
- *                  per head-dim element), so rescaling it is a vector multiply per row.
- *
- * K and V are packed once per call into the workspace (K as zero-padded bf16 rows, V transposed
- * in blocks of 32 keys), not once per query tile: every query tile of every head of a GQA group
- * then reads them as contiguous 1 KiB tiles. This costs a copy of K and V in the workspace
- * (PyTorch's CPU flash attention does the same); the per-thread buffers stay O(tile).
- *
- * Tiles: all eight tile registers are 16 rows x 64 bytes (one configuration for the whole
- * kernel); each product is blocked 2 x 2: C in tmm0-3, A in tmm4-5, B in tmm6-7. The head dim
- * is padded with zeros to a multiple of 32 (the bf16 K step), queries to 32 (zero Q rows give
- * finite scores that only reach output columns never stored), keys to 32 (zero P rows).
- *
- * Scale placement is fwd_tiled.c's (fa_tm_needs_transform): raw dot products, the scale inside
- * the exponential on tiles without a transform, the transform scaling the others.
+ * Work item = one query tile of one (batch, head). K and V are packed once per call into the
+ * workspace (K as zero-padded bf16 rows, V transposed in blocks of 32 keys), not once per
+ * query tile: every query tile of every head of a GQA group then reads them as contiguous
+ * 1 KiB tiles. This costs a copy of K and V in the workspace (PyTorch's CPU flash attention
+ * does the same); the per-thread buffers stay O(tile).
  */
-#include <math.h>
-#include <string.h>
-
-#include "isa.h"
-#include "amx_common.h"
-
-#define BQ FA_TM_BQ /* query rows per work item (64: fa_tm_qrows, fa_tm_scores_kmajor) */
-#define BK 256      /* keys per O += P V step (one load and store of the accumulator) */
+#include "fwd_amx_tile.h"
 
 /* ---- packed K and V (shared by all threads, written once per call) ---- */
 
@@ -61,348 +36,14 @@ static size_t pack_bytes(const fa_problem *p) {
     return (one + 63) & ~(size_t)63;
 }
 
-/* ---- per-thread buffers ---- */
-
-typedef struct amx_bufs {
-    uint32_t *qt;  /* dp/2 x BQ: Q^T in VNNI pairs, qt[r][i] = (q[i][2r], q[i][2r+1]) */
-    uint16_t *stg; /* BQ x dp: rows of Q (or V, when packing) converted, zero-padded */
-    float *st;     /* KS x BQ: scores of one strip of 32 keys, key-major */
-    uint32_t *pt;  /* BK/2 x BQ: P^T in VNNI pairs, pt[r][i] = (p[2r][i], p[2r+1][i]) */
-    float *ot;     /* dp x BQ: output accumulator, transposed, scaled by exp(-m) */
-    float *m;      /* BQ: running max of each query row (scaled units) */
-    float *l;      /* BQ: running sum of exp(s - m) */
-    float *mn;     /* BQ: the running max after the current strip */
-} amx_bufs;
-
-/* Places the buffers at base (or only counts, base NULL); returns floats per thread. */
-static size_t amx_layout(int dp, float *base, amx_bufs *b) {
-    size_t off = 0;
-    b->qt = (uint32_t *)fa_tm_take(base, &off, (size_t)dp / 2 * BQ);
-    b->stg = (uint16_t *)fa_tm_take(base, &off, (size_t)BQ * dp / 2);
-    b->st = fa_tm_take(base, &off, (size_t)KS * BQ);
-    b->pt = (uint32_t *)fa_tm_take(base, &off, (size_t)BK / 2 * BQ);
-    b->ot = fa_tm_take(base, &off, (size_t)dp * BQ);
-    b->m = fa_tm_take(base, &off, BQ);
-    b->l = fa_tm_take(base, &off, BQ);
-    b->mn = fa_tm_take(base, &off, BQ);
-    return off;
-}
-
-/* Block of 32 keys of V (rows of stg, dp columns) -> dst[x][0..32): the A operand of
-   O^T += V^T P^T, each 16-row tile of it 1 KiB contiguous. */
-static void transpose_v(uint16_t *restrict dst, const uint16_t *restrict stg, int dp) {
-    transpose_rows32(dst, KS, stg, (size_t)dp, dp);
-}
-
-/* Packs keys [j, j + 32) of kv head hk of sequence b (rows past its end zero). */
+/* Packs keys [j, j + 32) of kv head hk of sequence b into the call's bf16 copy. */
 static void pack_block(const fa_problem *p, const amx_pack *pk, uint16_t *stg, int64_t b,
                        int64_t hk, int64_t j) {
-    int64_t q0, sq, k0, sk;
-    fa_seq_bounds(p, b, &q0, &sq, &k0, &sk);
-    const int64_t bk = p->cu_k ? 0 : b;
-    const int d = (int)p->d, dp = pk->dp;
-    const size_t off = (size_t)(hk * pk->rows + pack_row0(p, b) + j) * (size_t)dp;
-    uint16_t *kd = pk->k + off;
-    for (int r = 0; r < KS; r++) {
-        if (j + r < sk) {
-            copy_row(kd + (size_t)r * dp, fa_tm_row(&p->k, 2, bk, k0 + j + r, hk), d, dp);
-            copy_row(stg + (size_t)r * dp, fa_tm_row(&p->v, 2, bk, k0 + j + r, hk), d, dp);
-        } else {
-            memset(kd + (size_t)r * dp, 0, (size_t)dp * 2);
-            memset(stg + (size_t)r * dp, 0, (size_t)dp * 2);
-        }
-    }
-    transpose_v(pk->vt + off, stg, dp);
-}
-
-/* Q rows of the tile (nq32 of them, zero past nq) -> Q^T in VNNI pairs. */
-static void load_q(const fa_problem *p, const amx_bufs *B, int64_t bq, int64_t row0, int64_t h,
-                   int nq, int nq32, int dp) {
-    const int d = (int)p->d;
-    for (int i = 0; i < nq32; i++) {
-        if (i < nq)
-            copy_row(B->stg + (size_t)i * dp, fa_tm_row(&p->q, 2, bq, row0 + i, h), d, dp);
-        else
-            memset(B->stg + (size_t)i * dp, 0, (size_t)dp * 2);
-    }
-    const uint32_t *s32 = (const uint32_t *)B->stg;
-    const int dw = dp / 2; /* dwords (pairs) per row */
-    for (int r0 = 0; r0 < dw; r0 += 16)
-        for (int i0 = 0; i0 < nq32; i0 += 16) {
-            __m512i w[16];
-            for (int i = 0; i < 16; i++)
-                w[i] = _mm512_loadu_si512(s32 + (size_t)(i0 + i) * dw + r0);
-            transpose16(w);
-            for (int t = 0; t < 16; t++)
-                _mm512_storeu_si512(B->qt + (size_t)(r0 + t) * BQ + i0, w[t]);
-        }
-}
-
-/* ---- the tile products ---- */
-
-/* A key tile of a work item: keys [j0, j0 + nk) of the sequence, nk32 with the padding. */
-typedef struct ktile {
-    int64_t j0;
-    int nk, nk32, kind;
-    const uint16_t *k, *vt; /* its packed K rows and V^T blocks */
-} ktile;
-
-/* st = K Q^T for keys [kb, kb + 32) of the tile and queries [qb, qb + 32): raw dot products. */
-FA_TM_INLINE void scores_block(const ktile *t, const amx_bufs *B, int kb, int qb, int dp) {
-    const size_t kstride = (size_t)dp * 2, qstride = BQ * 4, sstride = BQ * 4;
-    const uint16_t *k0 = t->k + (size_t)kb * dp, *k1 = k0 + (size_t)TR * dp;
-    AMX_FENCE();
-    _tile_zero(TC00);
-    _tile_zero(TC01);
-    _tile_zero(TC10);
-    _tile_zero(TC11);
-    for (int x = 0; x < dp; x += KS) {
-        const uint32_t *q = B->qt + (size_t)(x / 2) * BQ + qb;
-        _tile_loadd(TA0, k0 + x, kstride);
-        _tile_loadd(TA1, k1 + x, kstride);
-        _tile_loadd(TB0, q, qstride);
-        _tile_loadd(TB1, q + TR, qstride);
-        _tile_dpbf16ps(TC00, TA0, TB0);
-        _tile_dpbf16ps(TC01, TA0, TB1);
-        _tile_dpbf16ps(TC10, TA1, TB0);
-        _tile_dpbf16ps(TC11, TA1, TB1);
-    }
-    float *s = B->st + qb;
-    _tile_stored(TC00, s, sstride);
-    _tile_stored(TC01, s + TR, sstride);
-    _tile_stored(TC10, s + TR * BQ, sstride);
-    _tile_stored(TC11, s + TR * BQ + TR, sstride);
-}
-
-/* One 32-row x 32-query block of ot += V^T P^T over keys [k0, k1) of the tile. */
-FA_TM_INLINE void pv_block(const ktile *t, const amx_bufs *B, int xb, int qb, int k0, int k1,
-                           int dp) {
-    const size_t ostride = BQ * 4, pstride = BQ * 4;
-    float *o = B->ot + (size_t)xb * BQ + qb;
-    AMX_FENCE();
-    _tile_loadd(TC00, o, ostride);
-    _tile_loadd(TC01, o + TR, ostride);
-    _tile_loadd(TC10, o + TR * BQ, ostride);
-    _tile_loadd(TC11, o + TR * BQ + TR, ostride);
-    for (int kb = k0; kb < k1; kb += KS) {
-        const uint16_t *v = t->vt + (size_t)kb * dp + (size_t)xb * KS;
-        const uint32_t *pp = B->pt + (size_t)(kb / 2) * BQ + qb;
-        _tile_loadd(TA0, v, KS * 2);
-        _tile_loadd(TA1, v + TR * KS, KS * 2);
-        _tile_loadd(TB0, pp, pstride);
-        _tile_loadd(TB1, pp + TR, pstride);
-        _tile_dpbf16ps(TC00, TA0, TB0);
-        _tile_dpbf16ps(TC01, TA0, TB1);
-        _tile_dpbf16ps(TC10, TA1, TB0);
-        _tile_dpbf16ps(TC11, TA1, TB1);
-    }
-    _tile_stored(TC00, o, ostride);
-    _tile_stored(TC01, o + TR, ostride);
-    _tile_stored(TC10, o + TR * BQ, ostride);
-    _tile_stored(TC11, o + TR * BQ + TR, ostride);
-}
-
-/* ot += V^T P^T over keys [k0, k1) of the tile (multiples of 32). */
-static void accumulate(const ktile *t, const amx_bufs *B, int k0, int k1, int nq32, int dp) {
-    for (int xb = 0; xb < dp; xb += 32)
-        for (int qb = 0; qb < nq32; qb += 32) pv_block(t, B, xb, qb, k0, k1, dp);
-}
-
-/* ---- softmax ---- */
-
-/*
- * 2^t = 2^n 2^f with n = round(t) and 2^f on [-1/2, 1/2] by a polynomial (coefficients c,
- * highest power first), 2^n applied by vscalefps. Results that would be subnormal
- * (t <= -125) are 0: masked keys (t = -inf) give exactly 0, and no instruction produces a
- * subnormal, which costs a microcode assist of ~100 cycles per vector (the masked half of every
- * diagonal tile would pay it). NaN stays NaN (the compare is unordered-true).
- */
-FA_TM_INLINE __m512 exp2_by(__m512 t, const float *c, int deg) {
-    const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-125.0f), _CMP_NLE_UQ);
-    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_set1_ps(c[0]);
-    for (int i = 1; i <= deg; i++) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c[i]));
-    return _mm512_maskz_scalef_ps(normal, p, n);
-}
-
-/* Degree 5 (relative error 2e-7, fitted for [-1/2, 1/2]): 10 instructions where fa_vexp takes
-   15, for the rescale factors of the running max. */
-static const float EXP2_DEG5[6] = {1.3276472e-3f, 9.6755419e-3f, 5.5507131e-2f,
-                                   2.4022120e-1f, 6.9314694e-1f, 1.0000001f};
-FA_TM_INLINE __m512 exp2_poly(__m512 t) { return exp2_by(t, EXP2_DEG5, 5); }
-
-/* Degree 3 (relative error 7.5e-5) for the probabilities themselves, which are rounded to bf16
-   (8 significant bits) before the P V product: two FMAs fewer on the kernel's critical path.
-   Their row sums use the same values, so O = sum(P V) / sum(P) stays consistent; the LSE
-   moves by at most 7.5e-5. */
-static const float EXP2_DEG3[4] = {5.517259134e-2f, 2.426137087e-1f, 6.932610297e-1f,
-                                   9.999278607e-1f};
-FA_TM_INLINE __m512 exp2_p(__m512 t) { return exp2_by(t, EXP2_DEG3, 3); }
-
-/*
- * The running max moves only when a strip's max exceeds it by more than LAZY (natural-log
- * units): the probabilities are then relative to a max at most LAZY below the true one, so
- * they stay below e^8 (no overflow in fp32 or bf16; their rounding is relative, so it does
- * not grow) while the accumulator's rescale, a pass over all of it, is skipped on nearly
- * every strip. The result is the same: O = sum(P V) / l and LSE = m + log(l) do not depend on
- * which m was used.
- */
-#define LAZY 8.0f
-#define LOG2E 1.44269504088896341f
-
-/*
- * The online softmax runs strip by strip (32 keys: st stays in L1, where the tile stores are
- * cheap), in three steps: strip_max finds the new running maxima, move_max rescales the sum
- * and the accumulator where they moved (rarely, see LAZY), strip_exp writes the strip's
- * probabilities. The scores of a strip, times mul, are in st (a row per key, a column per
- * query); columns up to nq32 run (padding included: their scores are finite, Q's padding is
- * zero).
- */
-
-/* mn = the running max after the strip's ns keys, per the LAZY rule; returns whether any
-   column's max moves. */
-static int strip_max(const amx_bufs *B, int ns, int nq32, float mul) {
-    const __m512 ninf = _mm512_set1_ps(-INFINITY);
-    int moved = 0;
-    for (int i = 0; i < nq32; i += 16) {
-        /* four chains: one would wait on vmaxps's latency at every key */
-        __m512 m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;
-        const float *sj = B->st + i;
-        int j = 0;
-        for (; j + 4 <= ns; j += 4, sj += 4 * BQ) {
-            m0 = _mm512_max_ps(m0, _mm512_loadu_ps(sj));
-            m1 = _mm512_max_ps(m1, _mm512_loadu_ps(sj + BQ));
-            m2 = _mm512_max_ps(m2, _mm512_loadu_ps(sj + 2 * BQ));
-            m3 = _mm512_max_ps(m3, _mm512_loadu_ps(sj + 3 * BQ));
-        }
-        for (; j < ns; j++, sj += BQ) m0 = _mm512_max_ps(m0, _mm512_loadu_ps(sj));
-        __m512 mx = _mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3));
-        /* mul > 0 and rounding is monotonic: the max of the scaled scores is the scaled max */
-        mx = _mm512_mul_ps(mx, _mm512_set1_ps(mul));
-        const __m512 mo = _mm512_loadu_ps(B->m + i);
-        const __mmask16 grow = _mm512_cmp_ps_mask(mx, _mm512_add_ps(mo, _mm512_set1_ps(LAZY)),
-                                                  _CMP_GT_OQ);
-        moved |= grow != 0;
-        _mm512_storeu_ps(B->mn + i, _mm512_mask_mov_ps(mo, grow, mx));
-    }
-    return moved;
-}
-
-/* A row that has seen only masked keys keeps max -inf: exponentials against 0 then give
-   exp(-inf) = 0 instead of exp(-inf - -inf) = NaN. */
-FA_TM_INLINE __m512 exp_ref(__m512 m) {
-    return _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(m, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ),
-                              _mm512_setzero_ps());
-}
-
-/* m = mn, and l and the accumulator rows (those that carry data: d) times exp(m - mn) where
-   the max moved. */
-static void move_max(const amx_bufs *B, int d, int nq32) {
-    for (int i = 0; i < nq32; i += 16) {
-        const __m512 mo = _mm512_loadu_ps(B->m + i), mn = _mm512_loadu_ps(B->mn + i);
-        const __mmask16 moved = _mm512_cmp_ps_mask(mo, mn, _CMP_NEQ_UQ);
-        if (!moved) continue;
-        const __m512 a = _mm512_mask_mov_ps(
-            _mm512_set1_ps(1.0f), moved,
-            exp2_poly(_mm512_mul_ps(_mm512_sub_ps(mo, exp_ref(mn)), _mm512_set1_ps(LOG2E))));
-        _mm512_storeu_ps(B->l + i, _mm512_mul_ps(_mm512_loadu_ps(B->l + i), a));
-        _mm512_storeu_ps(B->m + i, mn);
-        for (int x = 0; x < d; x++) {
-            float *o = B->ot + (size_t)x * BQ + i;
-            _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_loadu_ps(o), a));
-        }
-    }
-}
-
-/* The strip's probabilities exp(s * mul - m), rounded to bf16, into 16 rows of P^T in VNNI
-   pairs at pt (zero for the padding keys past ns), and their sums into l. */
-static void strip_exp(const amx_bufs *B, uint32_t *pt, int ns, int nq32, float mul) {
-    const __m512 vmul2 = _mm512_set1_ps(mul * LOG2E);
-    const __m512i ilv = interleave_idx(16);
-    for (int i = 0; i < nq32; i += 16) {
-        /* exp(s * mul - ref) = 2^(s * mul log2e - ref log2e) */
-        const __m512 off = _mm512_mul_ps(exp_ref(_mm512_loadu_ps(B->m + i)),
-                                         _mm512_set1_ps(-LOG2E));
-        __m512 sum = _mm512_setzero_ps();
-        const float *sj = B->st + i;
-        uint32_t *pj = pt + i;
-        int j = 0;
-        for (; j + 2 <= ns; j += 2, sj += 2 * BQ, pj += BQ) {
-            const __m512 e0 = exp2_p(_mm512_fmadd_ps(_mm512_loadu_ps(sj), vmul2, off));
-            const __m512 e1 = exp2_p(_mm512_fmadd_ps(_mm512_loadu_ps(sj + BQ), vmul2, off));
-            sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
-            /* e0 in the low half, e1 in the high one, then interleaved */
-            const __m512i pair = (__m512i)_mm512_cvtne2ps_pbh(e1, e0);
-            _mm512_storeu_si512(pj, _mm512_permutexvar_epi16(ilv, pair));
-        }
-        if (j < ns) { /* odd key count: the last key pairs with a zero */
-            const __m512 e0 = exp2_p(_mm512_fmadd_ps(_mm512_loadu_ps(sj), vmul2, off));
-            sum = _mm512_add_ps(sum, e0);
-            const __m512i pair = (__m512i)_mm512_cvtne2ps_pbh(_mm512_setzero_ps(), e0);
-            _mm512_storeu_si512(pj, _mm512_permutexvar_epi16(ilv, pair));
-            j += 2;
-            pj += BQ;
-        }
-        for (; j < KS; j += 2, pj += BQ) _mm512_storeu_si512(pj, _mm512_setzero_si512());
-        _mm512_storeu_ps(B->l + i, _mm512_add_ps(_mm512_loadu_ps(B->l + i), sum));
-    }
-}
-
-/* O rows of the tile: the accumulator transposed back 16 x 16 at a time, divided by l,
-   rounded to bf16 (vcvtneps2bf16: to nearest even). Rows that see no key get O = 0. */
-static void store_out(const fa_problem *p, const amx_bufs *B, const fa_tm_qrows *rows,
-                      int64_t bq, int64_t t0, int64_t h, int nq) {
-    const int d = (int)p->d;
-    for (int i0 = 0; i0 < nq; i0 += 16)
-        for (int x0 = 0; x0 < d; x0 += 16) {
-            __m512i r[16];
-            for (int t = 0; t < 16; t++)
-                r[t] = _mm512_loadu_si512(B->ot + (size_t)(x0 + t) * BQ + i0);
-            transpose16(r);
-            for (int i = 0; i < 16 && i0 + i < nq; i++) {
-                if (rows->lo[i0 + i] >= rows->hi[i0 + i]) continue;
-                const __m512 o = _mm512_div_ps((__m512)r[i], _mm512_set1_ps(B->l[i0 + i]));
-                const __m256i v = (__m256i)_mm512_cvtneps_pbh(o);
-                uint16_t *dst = (uint16_t *)fa_tm_row(&p->o, 2, bq, t0 + i0 + i, h) + x0;
-                if (x0 + 16 <= d) {
-                    _mm256_storeu_si256((__m256i *)dst, v);
-                } else {
-                    uint16_t tmp[16];
-                    _mm256_storeu_si256((__m256i *)tmp, v);
-                    memcpy(dst, tmp, (size_t)(d - x0) * 2);
-                }
-            }
-        }
-    for (int i = 0; i < nq; i++)
-        if (rows->lo[i] >= rows->hi[i])
-            fa_tm_store_zero(fa_tm_row(&p->o, 2, bq, t0 + i, h), p->dtype, d);
+    const size_t off = (size_t)(hk * pk->rows + pack_row0(p, b) + j) * (size_t)pk->dp;
+    pack_block_to(p, stg, b, hk, j, pk->k + off, pk->vt + off, pk->dp, 1);
 }
 
 /* ---- one work item ---- */
-
-/* The query rows of a work item, and the keys that every one of them sees: key ranges inside
-   [all_lo, all_hi) are unmasked without looking at each row. */
-typedef struct qtile {
-    fa_tm_qrows r;
-    int64_t all_lo, all_hi;
-} qtile;
-
-static void qtile_init(qtile *q, const fa_problem *p, int64_t i0, int nq, int64_t sq, int64_t sk) {
-    fa_tm_qrows_init(&q->r, p, i0, nq, sq, sk);
-    q->all_lo = INT64_MIN;
-    q->all_hi = INT64_MAX;
-    for (int i = 0; i < nq; i++) {
-        if (q->r.lo[i] > q->all_lo) q->all_lo = q->r.lo[i];
-        if (q->r.hi[i] < q->all_hi) q->all_hi = q->r.hi[i];
-    }
-}
-
-/* fa_tm_classify, with the common case (no row masks any of the keys) found at once. */
-FA_TM_INLINE int classify(const qtile *q, int64_t j0, int64_t j1) {
-    if (j0 >= q->all_lo && j1 <= q->all_hi) return FA_TM_FULL;
-    return fa_tm_classify(&q->r, j0, j1);
-}
 
 /* The first key tile at or after j0 (a multiple of 32) that some query row of the tile sees;
    0 when there is none left. */
@@ -423,72 +64,24 @@ static int find_tile(const qtile *q, const amx_pack *pk, size_t head0, int64_t j
     return 0;
 }
 
-/* One strip of a key tile: keys [s, s + 32) of tile t. Scores, then masks, softcap and
-   ALiBi where they apply (which then carry the scale, see the top); returns the multiplier
-   its exponentials take, or 0 when no query row sees any of its keys. */
-static float strip_scores(const fa_problem *p, const qtile *q, const amx_bufs *B,
-                          const ktile *t, int s, float slope, int nq, int nq32, int dp) {
-    const int ns = t->nk - s < KS ? t->nk - s : KS;
-    const int kind = classify(q, t->j0 + s, t->j0 + s + ns);
-    if (kind == FA_TM_NONE) return 0.0f;
-    for (int qb = 0; qb < nq32; qb += 32) scores_block(t, B, s, qb, dp);
-    AMX_FENCE();
-    if (!fa_tm_needs_transform(kind, p->softcap, slope)) return p->scale;
-    fa_tm_rel rel;
-    fa_tm_rel_init(&rel, &q->r, t->j0 + s);
-    /* padding columns (i >= nq) stay 0 */
-    fa_tm_scores_kmajor(B->st, NULL, ns, nq, &rel, p->scale, p->softcap, slope,
-                        kind == FA_TM_PARTIAL);
-    return 1.0f;
-}
-
-/*
- * One key tile, strip by strip: each strip's probabilities join P^T, and O += P V runs once
- * for the tile (a load and a store of the accumulator per BK keys), except that where a
- * strip moves the running max the strips before it are accumulated first, so that the
- * rescale covers them.
- */
-static void key_tile(const fa_problem *p, const qtile *q, const amx_bufs *B,
-                     const ktile *t, float slope, int nq, int nq32, int dp) {
-    int done = 0; /* keys of the tile already in the accumulator */
-    for (int s = 0; s < t->nk; s += KS) {
-        uint32_t *pt = B->pt + (size_t)(s / 2) * BQ;
-        const int ns = t->nk - s < KS ? t->nk - s : KS;
-        const float mul = strip_scores(p, q, B, t, s, slope, nq, nq32, dp);
-        if (mul == 0.0f) { /* nothing visible: zero probabilities */
-            for (int r = 0; r < KS / 2; r++)
-                memset(pt + (size_t)r * BQ, 0, (size_t)nq32 * 4);
-            continue;
-        }
-        if (strip_max(B, ns, nq32, mul)) {
-            if (s > done) accumulate(t, B, done, s, nq32, dp);
-            done = s;
-            AMX_FENCE();
-            move_max(B, (int)p->d, nq32);
-        }
-        strip_exp(B, pt, ns, nq32, mul);
-    }
-    accumulate(t, B, done, t->nk32, nq32, dp);
-}
-
 FA_TM_HOT
 static void amx_item(const fa_problem *p, const amx_pack *pk, int64_t b, int64_t h, int64_t i0,
                      float *ws) {
     int64_t q0, sq, k0, sk;
     fa_seq_bounds(p, b, &q0, &sq, &k0, &sk);
     if (i0 >= sq) return;
-    const int dp = pk->dp;
+    const int dp = pk->dp, parts = 1;
     const int nq = sq - i0 < BQ ? (int)(sq - i0) : BQ, nq32 = pad32(nq);
     const int64_t bq = p->cu_q ? 0 : b, hk = h / p->group;
     const float slope = fa_alibi_slope(p, b, h);
     amx_bufs B;
-    amx_layout(dp, ws, &B);
+    amx_layout(dp, parts, ws, &B);
 
     qtile q;
     qtile_init(&q, p, i0, nq, sq, sk);
     const fa_tm_qrows *rows = &q.r;
 
-    load_q(p, &B, bq, q0 + i0, h, nq, nq32, dp);
+    load_q(p, &B, bq, q0 + i0, h, nq, nq32, dp, parts);
     memset(B.ot, 0, (size_t)dp * BQ * sizeof(float));
     for (int i = 0; i < BQ; i++) {
         B.m[i] = -INFINITY;
@@ -500,7 +93,7 @@ static void amx_item(const fa_problem *p, const amx_pack *pk, int64_t b, int64_t
     /* key tiles start on the packing's 32-key blocks; keys before ulo are masked out */
     int64_t j0 = rows->ulo < rows->uhi ? rows->ulo & ~(int64_t)31 : rows->uhi;
     for (; find_tile(&q, pk, head0, j0, &t); j0 = t.j0 + BK)
-        key_tile(p, &q, &B, &t, slope, nq, nq32, dp);
+        key_tile(p, &q, &B, &t, slope, nq, nq32, dp, parts, NULL);
     AMX_FENCE();
 
     store_out(p, &B, rows, bq, q0 + i0, h, nq);
@@ -513,8 +106,18 @@ static void amx_item(const fa_problem *p, const amx_pack *pk, int64_t b, int64_t
 
 /* ---- entry points ---- */
 
-/* Every bf16 forward: all masks, softcap, ALiBi, GQA, varlen, strides, head dims to 256. */
-static int amx_takes(const fa_problem *p) { return p->dtype == FA_DTYPE_BF16 && p->d <= 256; }
+/* Every bf16 forward, and every fp32 one unless FLASHATTN_CPU_F32_AMX=0 sends those to the
+   avx512 level's FMA kernel: all masks, softcap, ALiBi, GQA, varlen, strides, head dims to
+   256. */
+static int amx_takes(const fa_problem *p) {
+    if (p->d > 256) return 0;
+    return p->dtype == FA_DTYPE_BF16 || (p->dtype == FA_DTYPE_F32 && fa_cpu_f32_amx_enabled());
+}
+
+/* The fp32 forward's name says how its products run: six split-bf16 products each. */
+static const char *amx_method(const fa_problem *p) {
+    return p->dtype == FA_DTYPE_F32 ? "bf16x6" : NULL;
+}
 
 static fa_cpu_tiles amx_tiles(const fa_problem *p) {
     (void)p;
@@ -523,14 +126,21 @@ static fa_cpu_tiles amx_tiles(const fa_problem *p) {
 }
 
 static size_t amx_ws(const fa_problem *p, int threads) {
-    amx_bufs b;
     if (threads < 1) threads = 1;
+    if (p->dtype == FA_DTYPE_F32) {
+        return fa_cpu_amx_f32_fwd_ws(p, threads);
+    }
+    amx_bufs b;
     return FA_TM_WS_SLACK + 2 * pack_bytes(p) +
-           (size_t)threads * amx_layout(pad32((int)p->d), NULL, &b) * sizeof(float);
+           (size_t)threads * amx_layout(pad32((int)p->d), 1, NULL, &b) * sizeof(float);
 }
 
 static void amx_fwd(const fa_problem *p, void *ws, int threads) {
     if (threads < 1) threads = 1;
+    if (p->dtype == FA_DTYPE_F32) {
+        fa_cpu_amx_f32_fwd(p, ws, threads);
+        return;
+    }
     amx_pack pk;
     pk.dp = pad32((int)p->d);
     pk.rows = pack_rows(p);
@@ -539,7 +149,7 @@ static void amx_fwd(const fa_problem *p, void *ws, int threads) {
     pk.vt = (uint16_t *)(base + pack_bytes(p));
     float *tbase = (float *)(base + 2 * pack_bytes(p));
     amx_bufs unused;
-    const size_t per_thread = amx_layout(pk.dp, NULL, &unused);
+    const size_t per_thread = amx_layout(pk.dp, 1, NULL, &unused);
 
     amx_config cfg;
     amx_config_init(&cfg);
@@ -552,7 +162,7 @@ static void amx_fwd(const fa_problem *p, void *ws, int threads) {
     {
         float *mine = tbase + per_thread * (size_t)fa_tm_tid();
         amx_bufs B;
-        amx_layout(pk.dp, mine, &B);
+        amx_layout(pk.dp, 1, mine, &B);
 #pragma omp for schedule(static)
         for (int64_t w = 0; w < packs; w++) {
             const int64_t hk = w / (p->batch * nkb), b = w / nkb % p->batch, j = w % nkb * KS;
@@ -578,8 +188,8 @@ static void vexp_array(float *x, size_t n) {
     if (i < n) fa_vexp_row(x + i, x + i, (int)(n - i), 1.0f, 0.0f);
 }
 
-/* The amx level: its own forward and backward for bf16 (bwd_amx.c), the avx512 level's
-   kernels for everything else. */
+/* The amx level: its own forward and backward for bf16 and fp32 (bwd_amx.c), the avx512
+   level's kernels for everything else. */
 extern const fa_cpu_isa_ops fa_cpu_isa_ops_avx512;
 
 const fa_cpu_isa_ops fa_cpu_isa_ops_amx = {
@@ -593,5 +203,7 @@ const fa_cpu_isa_ops fa_cpu_isa_ops_amx = {
     .exp = vexp_array,
     .base = &fa_cpu_isa_ops_avx512,
     .fwd_takes = amx_takes,
+    .fwd_method = amx_method,
+    .bwd_method = fa_cpu_amx_bwd_method,
     .bwd_takes = fa_cpu_amx_bwd_takes,
 };

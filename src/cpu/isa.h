@@ -9,9 +9,9 @@
  * names (an error when the CPU lacks it, never a silent downgrade).
  *
  * The amx level is the exception: it is the avx512 level plus kernels of its own (the bf16
- * forward, fwd_amx.c, and the bf16 one-pass backward, bwd_amx.c, compiled alone with the AMX
- * flags), so its table names the avx512 table as its base and leaves NULL what it does not
- * own; fwd_takes and bwd_takes send the problems its kernels do not take to the base. The
+ * and fp32 forward, fwd_amx.c, and the bf16 one-pass backward, bwd_amx.c, compiled alone with
+ * the AMX flags), so its table names the avx512 table as its base and leaves NULL what it does
+ * not own; fwd_takes and bwd_takes send the problems its kernels do not take to the base. The
  * backend resolves every call to the level whose kernel runs, and that level's name is the
  * one recorded.
  */
@@ -24,7 +24,7 @@ typedef enum fa_cpu_isa {
     FA_CPU_ISA_SCALAR = 0, /* portable C (GNU vector extensions, no -m flags) */
     FA_CPU_ISA_AVX2,       /* AVX2 + FMA + F16C */
     FA_CPU_ISA_AVX512,     /* AVX-512F (+ AVX2, FMA, F16C, which every AVX-512F CPU has) */
-    FA_CPU_ISA_AMX,        /* avx512 plus AMX-BF16 for the bf16 forward (+ AVX512-BF16, BW) */
+    FA_CPU_ISA_AMX,        /* avx512 plus AMX-BF16 forwards and bf16 backward (+ AVX512-BF16, BW) */
     FA_CPU_ISA_COUNT
 } fa_cpu_isa;
 
@@ -51,6 +51,12 @@ typedef struct fa_cpu_isa_ops {
     /* The same for the backward, which also depends on the thread count (its schedule);
        threads 0 asks only whether the kernel covers problems of p's dtype and head dim. */
     int (*bwd_takes)(const fa_problem *p, int threads);
+    /* How the forward computes where the level has more than one way for a dtype, a word the
+       kernel's name carries after the level's (the amx level's fp32 forward: "bf16x6", six
+       products of split bf16 parts each: cpu_fwd_amx_bf16x6_f32_64x256); NULL or returning
+       NULL: nothing. */
+    const char *(*fwd_method)(const fa_problem *p);
+    const char *(*bwd_method)(const fa_problem *p); /* the same for the backward */
 } fa_cpu_isa_ops;
 
 /* The table of a level; NULL when this build lacks it (non-x86 builds have scalar only). */
@@ -67,10 +73,21 @@ const fa_cpu_isa_ops *fa_cpu_isa_bwd_level(const fa_cpu_isa_ops *isa, const fa_p
                                            int threads);
 const fa_cpu_isa_ops *fa_cpu_isa_kv_level(const fa_cpu_isa_ops *isa);
 
-/* bwd_amx.c — the amx level's backward (bf16, the one-pass schedule only). */
+/* fwd_amx_f32.c — the amx level's fp32 forward (fwd_amx.c's table dispatches to it). */
+size_t fa_cpu_amx_f32_fwd_ws(const fa_problem *p, int threads);
+void fa_cpu_amx_f32_fwd(const fa_problem *p, void *ws, int threads);
+
+/* Whether the amx level's forward takes fp32 problems: 1 unless FLASHATTN_CPU_F32_AMX=0
+   (read at each call, as FLASHATTN_CPU_BWD_SCHEDULE is), which returns them to the avx512
+   level's FMA kernel. */
+int fa_cpu_f32_amx_enabled(void);
+
+/* bwd_amx.c — the amx level's backward (bf16: the one-pass schedule only; fp32, by split
+   products: every schedule, as one pass). */
 int fa_cpu_amx_bwd_takes(const fa_problem *p, int threads);
 fa_cpu_tiles fa_cpu_amx_bwd_tiles(const fa_problem *p);
 size_t fa_cpu_amx_bwd_ws(const fa_problem *p, int threads);
 void fa_cpu_amx_bwd(const fa_problem *p, void *ws, int threads);
+const char *fa_cpu_amx_bwd_method(const fa_problem *p);
 
 #endif /* FA_CPU_ISA_H */

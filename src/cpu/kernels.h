@@ -35,6 +35,8 @@ fa_status fa_cpu_bwd_naive(const fa_problem *p, int plain, int threads, size_t *
 int fa_cpu_bwd_one_pass(const fa_problem *p, int threads, char *why, size_t len);
 int64_t fa_cpu_bwd_dq_rows(const fa_problem *p);
 size_t fa_cpu_bwd_dq_floats(const fa_problem *p);
+/* Whether the one-pass dQ buffer is within the schedule's bound (64 MiB). */
+int fa_cpu_bwd_dq_fits(const fa_problem *p);
 
 /* The tiled kernels exist once per instruction-set level (isa.h): in their files, FA_ISA is
    the level and FA_ISA_FN(f) names f's copy for it (f_avx512, ...). */

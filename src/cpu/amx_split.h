@@ -1,0 +1,176 @@
+/*
+ * cpu/amx_split.h — fp32 products on the bf16 AMX unit (the amx level's fp32 forward): each
+ * fp32 operand x is split into three bf16 parts, x = hi + mid + lo exactly, and a product
+ * x y is formed from the six partial products whose size reaches fp32's precision,
+ *
+ *   hi*hi (2^0),  hi*mid, mid*hi (2^-8),  hi*lo, mid*mid, lo*hi (2^-16),
+ *
+ * each exact in tdpbf16ps's fp32 accumulation (8 x 8 significant bits); the three dropped,
+ * mid*lo, lo*mid, lo*lo, are below 2^-23 |x y| (cuBLAS calls this BF16x9 emulation; six of the
+ * nine products suffice, as measured under the 2x rule: bench/NOTES.md).
+ *
+ * The parts come from integer masks and adds, no conversions (the VNNI pair of two values is
+ * then a shift and a word blend, no permute): hi = the top 16 bits of x (sign, exponent, 7
+ * stored mantissa bits: truncated, so x near FLT_MAX never rounds up to inf); r = x - hi is
+ * exact (same sign, |hi| >= |x| / 2); mid = r rounded to its top 16 bits (to nearest, ties
+ * away from zero: add half an ulp to the bits, then mask); lo = r - mid is exact and has at
+ * most 8 significant bits, so it is a bf16 value too, and x = hi + mid + lo exactly.
+ * mid must round: then lo has a random sign, and every dropped product (mid*lo, lo*mid,
+ * lo*lo) has a lo factor, so their errors cancel along a dot product. Truncated, lo would
+ * have the sign of x, the dropped products the sign of the product, a bias that adds up
+ * (measured on dot products of length 8: 1.24x plain fp32's mean error with mid truncated,
+ * 0.69x rounded; bench/NOTES.md). Parts below 2^-126 are subnormal in bf16, which AMX reads
+ * as zero: values under ~2^-110 lose their lo part (see bench/NOTES.md for when that shows).
+ */
+#ifndef FA_CPU_AMX_SPLIT_H
+#define FA_CPU_AMX_SPLIT_H
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "amx_common.h"
+
+#define SPLIT_PARTS 3
+
+/* hi, mid, lo of 16 values, as fp32 vectors whose low 16 bits are zero. */
+/* x's top 16 bits, rounded (ties away from zero) or truncated. Integer ops: vandps would
+   need AVX512DQ. */
+FA_TM_INLINE __m512 split_top(__m512 x, int round) {
+    __m512i b = _mm512_castps_si512(x);
+    if (round) b = _mm512_add_epi32(b, _mm512_set1_epi32(0x8000));
+    return _mm512_castsi512_ps(_mm512_and_si512(b, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* hi (truncated), mid (rounded), lo of 16 values. */
+FA_TM_INLINE void split3(__m512 x, __m512 *hi, __m512 *mid, __m512 *lo) {
+    *hi = split_top(x, 0);
+    const __m512 r = _mm512_sub_ps(x, *hi);
+    *mid = split_top(r, 1);
+    *lo = _mm512_sub_ps(r, *mid);
+}
+
+/* The bf16 values of 16 split parts (their top halves). */
+FA_TM_INLINE __m256i split_bf16(__m512 v) {
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16));
+}
+
+/* The VNNI pair dwords (a[i], b[i]) of two vectors of split parts: a's top half moved down,
+   b's top half kept. */
+FA_TM_INLINE __m512i split_pair(__m512 a, __m512 b) {
+    return _mm512_mask_blend_epi16((__mmask32)0xaaaaaaaau,
+                                   _mm512_srli_epi32(_mm512_castps_si512(a), 16),
+                                   _mm512_castps_si512(b));
+}
+
+/* fp32 row src[0..d) -> three bf16 rows dst + k * pstride (k = hi, mid, lo), zero from d to
+   dp (the padding feeds the products: keep it 0). */
+FA_TM_INLINE void split_row(uint16_t *restrict dst, size_t pstride, const float *restrict src,
+                            int d, int dp) {
+    for (int x = 0; x < dp; x += 16) {
+        const int n = d - x;
+        const __mmask16 m = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n > 0 ? n : 0)) - 1);
+        __m512 h, md, lo;
+        split3(_mm512_maskz_loadu_ps(m, src + x), &h, &md, &lo);
+        _mm256_storeu_si256((__m256i *)(dst + x), split_bf16(h));
+        _mm256_storeu_si256((__m256i *)(dst + pstride + x), split_bf16(md));
+        _mm256_storeu_si256((__m256i *)(dst + 2 * pstride + x), split_bf16(lo));
+    }
+}
+
+/* Values e0 (row 2r) and e1 (row 2r + 1) of 16 columns (P or dS) -> row r of their VNNI
+   pairs, one row per part, the parts pstride dwords apart. */
+FA_TM_INLINE void split_store_pairs(uint32_t *dst, size_t pstride, __m512 e0, __m512 e1) {
+    __m512 h0, m0, l0, h1, m1, l1;
+    split3(e0, &h0, &m0, &l0);
+    split3(e1, &h1, &m1, &l1);
+    _mm512_storeu_si512(dst, split_pair(h0, h1));
+    _mm512_storeu_si512(dst + pstride, split_pair(m0, m1));
+    _mm512_storeu_si512(dst + 2 * pstride, split_pair(l0, l1));
+}
+
+/* C += A B over one K step of 32 for the 2 x 2 block of amx_common.h's tile roles, from the
+   tiles loaded last. */
+#define AMX_DP_2X2()                                                                           \
+    do {                                                                                       \
+        _tile_dpbf16ps(TC00, TA0, TB0);                                                        \
+        _tile_dpbf16ps(TC01, TA0, TB1);                                                        \
+        _tile_dpbf16ps(TC10, TA1, TB0);                                                        \
+        _tile_dpbf16ps(TC11, TA1, TB1);                                                        \
+    } while (0)
+
+/*
+ * One K step of 32 of a 2 x 2 block with split operands: the six partial products. A part k's
+ * two row tiles at a + k * apart and + a1 (bytes), row stride as; B part k's two column tiles
+ * at b + k * bpart and + 64, row stride bs. Seven operand loads for six products, not twelve:
+ * each part is loaded once and meets its partners while it is held (tile loads from L2, where
+ * three parts of an operand live, bounded the first version: bench/NOTES.md).
+ *
+ * The order is fixed, element by element, because a backward must recompute the forward's
+ * scores bit for bit (its P = exp(s - LSE) is consistent only with the scores LSE came from):
+ * with swapped 0 the products run (A part, B part) = (hi, lo), (hi, mid), (mid, mid),
+ * (mid, hi), (lo, hi), (hi, hi); swapped 1 runs the same products with the roles exchanged,
+ * for the backward's S = Q K^T (A = Q) against the forward's S^T = K Q^T (A = K). The small
+ * products come first, hi*hi last.
+ */
+FA_TM_INLINE void split_step(const char *a, size_t apart, size_t a1, size_t as, const char *b,
+                             size_t bpart, size_t bs, int swapped) {
+#define LOAD_A(k)                                                                              \
+    do {                                                                                       \
+        _tile_loadd(TA0, a + (k) * apart, as);                                                 \
+        _tile_loadd(TA1, a + (k) * apart + a1, as);                                            \
+    } while (0)
+#define LOAD_B(k)                                                                              \
+    do {                                                                                       \
+        _tile_loadd(TB0, b + (k) * bpart, bs);                                                 \
+        _tile_loadd(TB1, b + (k) * bpart + 64, bs);                                            \
+    } while (0)
+    if (!swapped) {
+        LOAD_B(2);
+        LOAD_A(0);
+        AMX_DP_2X2(); /* hi, lo */
+        LOAD_B(1);
+        AMX_DP_2X2(); /* hi, mid */
+        LOAD_A(1);
+        AMX_DP_2X2(); /* mid, mid */
+        LOAD_B(0);
+        AMX_DP_2X2(); /* mid, hi */
+        LOAD_A(2);
+        AMX_DP_2X2(); /* lo, hi */
+        LOAD_A(0);
+        AMX_DP_2X2(); /* hi, hi */
+    } else {
+        LOAD_A(2);
+        LOAD_B(0);
+        AMX_DP_2X2(); /* (B, A) = hi, lo */
+        LOAD_A(1);
+        AMX_DP_2X2(); /* hi, mid */
+        LOAD_B(1);
+        AMX_DP_2X2(); /* mid, mid */
+        LOAD_A(0);
+        AMX_DP_2X2(); /* mid, hi */
+        LOAD_B(2);
+        AMX_DP_2X2(); /* lo, hi */
+        LOAD_B(0);
+        AMX_DP_2X2(); /* hi, hi */
+    }
+#undef LOAD_A
+#undef LOAD_B
+}
+
+/*
+ * The split kernels run with MXCSR's flush-to-zero and denormals-are-zero bits set (and the
+ * caller's MXCSR restored after): exponentials of masked (-inf) and far-below-max scores
+ * underflow, and each such vector took a microcode assist (the causal forward spent 11-15% of
+ * its time there: bench/NOTES.md). What they flush is below 2^-126 and so already lost to the
+ * split's parts (AMX reads subnormal bf16 as zero); P below 2^-126 next to a row max near 1 is
+ * far below the rule's absolute error.
+ */
+FA_TM_INLINE unsigned split_mxcsr_enter(void) {
+    const unsigned old = _mm_getcsr();
+    _mm_setcsr(old | 0x8040u); /* FTZ (bit 15) | DAZ (bit 6) */
+    return old;
+}
+
+FA_TM_INLINE void split_mxcsr_leave(unsigned old) { _mm_setcsr(old); }
+
+#endif /* FA_CPU_AMX_SPLIT_H */
