@@ -192,6 +192,17 @@ static void put_row(uint16_t *dst, size_t pstride, const void *row, int parts, i
         split_row(dst, pstride, (const float *)row, d, dp);
 }
 
+/* A row of es-byte elements into L1 ahead of its use. Rows of one head lie a whole token
+   apart (4 KiB at H 8, d 128 fp32: each on its own page), so the hardware prefetcher does not
+   fetch them ahead and each put_row / row_dot waited on its loads (bench/NOTES.md). */
+FA_TM_INLINE void prefetch_row(const void *row, int d, size_t es) {
+    for (size_t x = 0; x < (size_t)d * es; x += 64)
+        _mm_prefetch((const char *)row + x, _MM_HINT_T0);
+}
+
+/* Rows ahead that the packing loops prefetch. */
+#define PF_ROWS 4
+
 /* LSE as the exponentials want it: a row that saw no key (-inf) must give P = 0, and
    exp(s - (+inf)) is 0 where exp(s - (-inf)) would be inf or NaN. */
 FA_TM_INLINE float lse_ref(const fa_problem *p, int64_t b, int64_t h, int64_t t) {
@@ -210,6 +221,11 @@ static void pack_queries(const fa_problem *p, const bwd_bufs *B, int64_t b, int6
         uint16_t *qr = B->qr + (size_t)(r * nr) * dp, *dor = B->dor + (size_t)(r * nr) * dp;
         float *lse = B->lse + r * nr, *dd = B->dd + r * nr;
         for (int64_t i = 0; i < n64; i++) {
+            if (i + PF_ROWS < sq) {
+                prefetch_row(fa_tm_row(&p->q, es, bq, q0 + i + PF_ROWS, h), d, es);
+                prefetch_row(fa_tm_row(&p->dout, es, bq, q0 + i + PF_ROWS, h), d, es);
+                prefetch_row(fa_tm_row(&p->o, es, bq, q0 + i + PF_ROWS, h), d, es);
+            }
             if (i < sq) {
                 const void *g = fa_tm_row(&p->dout, es, bq, q0 + i, h);
                 put_row(qr + (size_t)i * dp, ps, fa_tm_row(&p->q, es, bq, q0 + i, h), parts, d,
@@ -254,9 +270,11 @@ static void dword_transpose(uint32_t *dst, const uint16_t *stg, int dp) {
 static void stage_keys(const fa_problem *p, const bwd_bufs *B, const fa_operand *a, int64_t bk,
                        int64_t t0, int nk, int64_t hk, int dp) {
     const size_t es = B->parts > 1 ? 4 : 2;
-    for (int j = 0; j < BK; j++)
+    for (int j = 0; j < BK; j++) {
+        if (j + PF_ROWS < nk) prefetch_row(fa_tm_row(a, es, bk, t0 + j + PF_ROWS, hk), (int)p->d, es);
         put_row(B->stg + (size_t)j * dp, B->ps.stg,
                 j < nk ? fa_tm_row(a, es, bk, t0 + j, hk) : NULL, B->parts, (int)p->d, dp);
+    }
 }
 
 /* The key side of a key tile: kvn and kp from K, vvn from V, each part. */
