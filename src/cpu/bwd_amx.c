@@ -53,10 +53,12 @@
 /* Query tiles whose P and dS join one dV, dK product: the accumulators (a load and a store
    of dp x BK floats each per product) are then read once per QG tiles. */
 #define QG 4
-/* The same for fp32 (parts 3): runs of two. The run's P and dS pairs (three parts each) and
-   its share of the query side then stay closer to L1: at d128, seqlen 2048 the backward took
-   223-228 ms (1 thread) with runs of 2, 237-239 with 4, 226 with 1, 261 with 8. */
-#define QG_SPLIT 2
+/* The same for fp32 (parts 3): single tiles. The run's P and dS pairs (three parts each) and
+   its share of the query side then stay closest to L1: at d128, seqlen 2048 the backward took
+   223-228 ms (1 thread) with runs of 2, 237-239 with 4, 226 with 1, 261 with 8; since each
+   pair's dQ runs during the next pair's P and dS (tile_pair), 1 measured 2-4% faster than 2
+   (bench/NOTES.md). */
+#define QG_SPLIT 1
 /* Key tiles that each run of query tiles meets while it is in cache: the query side of a
    work item (its packed operands and dQ, megabytes at long sequences) then streams through
    the cache once per KG key tiles. */
