@@ -53,10 +53,12 @@
 /* Query tiles whose P and dS join one dV, dK product: the accumulators (a load and a store
    of dp x BK floats each per product) are then read once per QG tiles. */
 #define QG 4
-/* The same for fp32 (parts 3): runs of two. The run's P and dS pairs (three parts each) and
-   its share of the query side then stay closer to L1: at d128, seqlen 2048 the backward took
-   223-228 ms (1 thread) with runs of 2, 237-239 with 4, 226 with 1, 261 with 8. */
-#define QG_SPLIT 2
+/* The same for fp32 (parts 3): single tiles. The run's P and dS pairs (three parts each) and
+   its share of the query side then stay closest to L1: at d128, seqlen 2048 the backward took
+   223-228 ms (1 thread) with runs of 2, 237-239 with 4, 226 with 1, 261 with 8; since each
+   pair's dQ runs during the next pair's P and dS (tile_pair), 1 measured 2-4% faster than 2
+   (bench/NOTES.md). */
+#define QG_SPLIT 1
 /* Key tiles that each run of query tiles meets while it is in cache: the query side of a
    work item (its packed operands and dQ, megabytes at long sequences) then streams through
    the cache once per KG key tiles. */
@@ -102,7 +104,7 @@ typedef struct bwd_bufs {
     float *s, *dps, *g;  /* BQ x BK: scores; dP; softcap derivative */
     uint32_t *pp, *dsp;  /* QG*BQ/2 x BK: pp[r][j] = (P[2r][j], P[2r+1][j]), same for dS,
                             rows of a run of QG query tiles */
-    uint16_t *dsr;       /* BQ x BK: dS rows */
+    uint16_t *dsr;       /* 2 x BQ x BK: dS rows, two tile pairs' (see key_group) */
     int parts;
     part_strides ps;
 } bwd_bufs;
@@ -150,7 +152,7 @@ static size_t bwd_layout(const fa_problem *p, float *base, bwd_bufs *b) {
     b->g = fa_tm_take(base, &off, (size_t)BQ * BK);
     b->pp = (uint32_t *)fa_tm_take(base, &off, np * QG * BQ / 2 * BK);
     b->dsp = (uint32_t *)fa_tm_take(base, &off, np * QG * BQ / 2 * BK);
-    b->dsr = (uint16_t *)fa_tm_take(base, &off, np * BQ * BK / 2);
+    b->dsr = (uint16_t *)fa_tm_take(base, &off, 2 * np * BQ * BK / 2);
     return off;
 }
 
@@ -192,6 +194,17 @@ static void put_row(uint16_t *dst, size_t pstride, const void *row, int parts, i
         split_row(dst, pstride, (const float *)row, d, dp);
 }
 
+/* A row of es-byte elements into L1 ahead of its use. Rows of one head lie a whole token
+   apart (4 KiB at H 8, d 128 fp32: each on its own page), so the hardware prefetcher does not
+   fetch them ahead and each put_row / row_dot waited on its loads (bench/NOTES.md). */
+FA_TM_INLINE void prefetch_row(const void *row, int d, size_t es) {
+    for (size_t x = 0; x < (size_t)d * es; x += 64)
+        _mm_prefetch((const char *)row + x, _MM_HINT_T0);
+}
+
+/* Rows ahead that the packing loops prefetch. */
+#define PF_ROWS 4
+
 /* LSE as the exponentials want it: a row that saw no key (-inf) must give P = 0, and
    exp(s - (+inf)) is 0 where exp(s - (-inf)) would be inf or NaN. */
 FA_TM_INLINE float lse_ref(const fa_problem *p, int64_t b, int64_t h, int64_t t) {
@@ -210,6 +223,11 @@ static void pack_queries(const fa_problem *p, const bwd_bufs *B, int64_t b, int6
         uint16_t *qr = B->qr + (size_t)(r * nr) * dp, *dor = B->dor + (size_t)(r * nr) * dp;
         float *lse = B->lse + r * nr, *dd = B->dd + r * nr;
         for (int64_t i = 0; i < n64; i++) {
+            if (i + PF_ROWS < sq) {
+                prefetch_row(fa_tm_row(&p->q, es, bq, q0 + i + PF_ROWS, h), d, es);
+                prefetch_row(fa_tm_row(&p->dout, es, bq, q0 + i + PF_ROWS, h), d, es);
+                prefetch_row(fa_tm_row(&p->o, es, bq, q0 + i + PF_ROWS, h), d, es);
+            }
             if (i < sq) {
                 const void *g = fa_tm_row(&p->dout, es, bq, q0 + i, h);
                 put_row(qr + (size_t)i * dp, ps, fa_tm_row(&p->q, es, bq, q0 + i, h), parts, d,
@@ -254,9 +272,11 @@ static void dword_transpose(uint32_t *dst, const uint16_t *stg, int dp) {
 static void stage_keys(const fa_problem *p, const bwd_bufs *B, const fa_operand *a, int64_t bk,
                        int64_t t0, int nk, int64_t hk, int dp) {
     const size_t es = B->parts > 1 ? 4 : 2;
-    for (int j = 0; j < BK; j++)
+    for (int j = 0; j < BK; j++) {
+        if (j + PF_ROWS < nk) prefetch_row(fa_tm_row(a, es, bk, t0 + j + PF_ROWS, hk), (int)p->d, es);
         put_row(B->stg + (size_t)j * dp, B->ps.stg,
                 j < nk ? fa_tm_row(a, es, bk, t0 + j, hk) : NULL, B->parts, (int)p->d, dp);
+    }
 }
 
 /* The key side of a key tile: kvn and kp from K, vvn from V, each part. */
@@ -354,18 +374,6 @@ static void trans_times_pairs(const bwd_bufs *B, float *acc, const uint16_t *tr,
                      (const char *)(pairs + kb), BK * 4, (size_t)TR * BK * 4, nq32 / KS, sp);
 }
 
-/* dq[i][x] += sum_j dS[i][j] K[j][x] over the tile's nk32 keys. */
-static void ds_times_keys(float *dq, const bwd_bufs *B, const uint32_t *kp, int nq32, int nk32,
-                          int dp) {
-    const split_at sp = {B->parts, B->ps.dsr * 2, B->ps.kv * 4, 0};
-    for (int qb = 0; qb < nq32; qb += 32)
-        for (int xb = 0; xb < dp; xb += 32)
-            block2x2(dq + (size_t)qb * dp + xb, (size_t)dp * 4, 0,
-                     (const char *)(B->dsr + (size_t)qb * BK), BK * 2, KS * 2, KS * 4,
-                     (const char *)(kp + xb), (size_t)dp * 4, (size_t)TR * dp * 4, nk32 / KS,
-                     sp);
-}
-
 /* ---- P and dS ---- */
 
 /* Rows i and i + 1 of a 16-column chunk into a VNNI pair row: (a[j], b[j]) per dword. */
@@ -391,12 +399,28 @@ FA_TM_INLINE void row_chunk(const bwd_bufs *B, int i, int j, int nk, float mul, 
 
 /* The pair's P and dS in the three layouts the products read, for rows < nq32 (a row past
    nq has LSE +inf: P = 0; its softcap derivative was never written, so it is not read) and
-   columns < nk32. */
-static void build_p_ds(const bwd_bufs *B, uint32_t *pp, uint32_t *dsp, const float *lse,
-                       const float *dd, int nq, int nq32, int nk, int nk32, float mul, int cap) {
+   columns < nk32; a job, done a few rows at a time (build_rows) between the products of the
+   previous pair's dQ (see key_group). */
+typedef struct build_job {
+    uint32_t *pp, *dsp;
+    uint16_t *dsr;
+    const float *lse, *dd;
+    int nq, nq32, nk, nk32, cap;
+    float mul;
+    int next; /* the first row not built yet */
+} build_job;
+
+/* Rows [job->next, job->next + 2 n) of the job (n row pairs), at most to nq32. */
+static void build_rows(const bwd_bufs *B, build_job *job, int n) {
+    uint32_t *pp = job->pp, *dsp = job->dsp;
+    const float *lse = job->lse, *dd = job->dd;
+    const int nq = job->nq, nk = job->nk, nk32 = job->nk32, cap = job->cap;
+    const float mul = job->mul;
+    const int i0 = job->next, i1 = i0 + 2 * n < job->nq32 ? i0 + 2 * n : job->nq32;
+    job->next = i1;
     const __m512i ilv = interleave_idx(16);
     const size_t pd = B->ps.pd, pr = B->ps.dsr;
-    for (int i = 0; i < nq32; i += 2)
+    for (int i = i0; i < i1; i += 2)
         for (int j = 0; j < nk32; j += 16) {
             __m512 p0, p1, d0, d1;
             row_chunk(B, i, j, nk, mul, lse[i], dd[i], cap && i < nq, &p0, &d0);
@@ -405,7 +429,7 @@ static void build_p_ds(const bwd_bufs *B, uint32_t *pp, uint32_t *dsp, const flo
                 split_store_pairs(pp + (size_t)(i / 2) * BK + j, pd, p0, p1);
                 split_store_pairs(dsp + (size_t)(i / 2) * BK + j, pd, d0, d1);
                 __m512 h, m, l;
-                uint16_t *r0 = B->dsr + (size_t)i * BK + j, *r1 = r0 + BK;
+                uint16_t *r0 = job->dsr + (size_t)i * BK + j, *r1 = r0 + BK;
                 split3(d0, &h, &m, &l);
                 _mm256_storeu_si256((__m256i *)r0, split_bf16(h));
                 _mm256_storeu_si256((__m256i *)(r0 + pr), split_bf16(m));
@@ -418,11 +442,65 @@ static void build_p_ds(const bwd_bufs *B, uint32_t *pp, uint32_t *dsp, const flo
             }
             store_pair(pp + (size_t)(i / 2) * BK + j, p0, p1, ilv);
             store_pair(dsp + (size_t)(i / 2) * BK + j, d0, d1, ilv);
-            _mm256_storeu_si256((__m256i *)(B->dsr + (size_t)i * BK + j),
+            _mm256_storeu_si256((__m256i *)(job->dsr + (size_t)i * BK + j),
                                 (__m256i)_mm512_cvtneps_pbh(d0));
-            _mm256_storeu_si256((__m256i *)(B->dsr + (size_t)(i + 1) * BK + j),
+            _mm256_storeu_si256((__m256i *)(job->dsr + (size_t)(i + 1) * BK + j),
                                 (__m256i)_mm512_cvtneps_pbh(d1));
         }
+}
+
+/* A pair whose dQ product is still to run: dq[i][x] += sum_j dS[i][j] K[j][x] over nk32
+   keys, dS rows in dsr. */
+typedef struct dq_job {
+    float *dq;
+    const uint16_t *dsr;
+    const uint32_t *kp;
+    int nq32, nk32;
+} dq_job;
+
+/* The dQ product of job q (none if NULL), with the rows of build job b (none if NULL) built
+   between its 2 x 2 blocks: the vector work of P and dS then runs while the tile products of
+   the block before it are still in flight, instead of after them (the products' tail and
+   the elementwise work overlap). */
+static void ds_times_keys(const bwd_bufs *B, const dq_job *q, build_job *b, int dp) {
+    if (q) {
+        const split_at sp = {B->parts, B->ps.dsr * 2, B->ps.kv * 4, 0};
+        const size_t as = BK * 2, bs = (size_t)dp * 4;
+        const int steps = q->nk32 / KS, all = q->nq32 / 32 * (dp / 32) * steps;
+        /* row pairs per K step, rounded up: the build is done by the last step */
+        const int per = b ? (b->nq32 / 2 + all - 1) / all : 0;
+        for (int qb = 0; qb < q->nq32; qb += 32)
+            for (int xb = 0; xb < dp; xb += 32) {
+                char *cb = (char *)(q->dq + (size_t)qb * dp + xb);
+                AMX_FENCE();
+                _tile_loadd(TC00, cb, bs);
+                _tile_loadd(TC01, cb + 64, bs);
+                _tile_loadd(TC10, cb + TR * bs, bs);
+                _tile_loadd(TC11, cb + TR * bs + 64, bs);
+                const char *a = (const char *)(q->dsr + (size_t)qb * BK);
+                const char *bb = (const char *)(q->kp + xb);
+                for (int k = 0; k < steps; k++, a += KS * 2, bb += (size_t)TR * bs) {
+                    if (sp.parts > 1) {
+                        split_step(a, sp.apart, TR * as, as, bb, sp.bpart, bs, sp.swapped);
+                    } else {
+                        _tile_loadd(TA0, a, as);
+                        _tile_loadd(TA1, a + TR * as, as);
+                        _tile_loadd(TB0, bb, bs);
+                        _tile_loadd(TB1, bb + 64, bs);
+                        AMX_DP_2X2();
+                    }
+                    AMX_FENCE();
+                    if (b) build_rows(B, b, per);
+                    AMX_FENCE();
+                }
+                _tile_stored(TC00, cb, bs);
+                _tile_stored(TC01, cb + 64, bs);
+                _tile_stored(TC10, cb + TR * bs, bs);
+                _tile_stored(TC11, cb + TR * bs + 64, bs);
+                AMX_FENCE();
+            }
+    }
+    if (b) build_rows(B, b, b->nq32); /* the rest, or all without a dQ product */
 }
 
 /* ---- one work item ---- */
@@ -434,9 +512,12 @@ typedef struct pair_at {
     int nq, nk, slot;
 } pair_at;
 
-/* One query tile against the key tile: P and dS (into the run's slot), and dQ. */
+/* One query tile against the key tile: S and dP, then P and dS (into the run's slot, dS rows
+   into dsr buffer *cur) built between the products of the pending pair's dQ (*pend, if any),
+   and this pair's dQ left pending in its place, *cur flipped to the other buffer. */
 static void tile_pair(const fa_problem *p, const bwd_bufs *B, const kt_bufs *K,
-                      const fa_tm_qrows *rows, int kind, const pair_at *at, float slope) {
+                      const fa_tm_qrows *rows, int kind, const pair_at *at, float slope,
+                      dq_job *pend, int *has_pend, int *cur) {
     const int dp = pad32((int)p->d), nq32 = pad32(at->nq), nk32 = pad32(at->nk);
     const int64_t nr = item_rows(p), row0 = at->r * nr + at->i0;
     rows_times_keys(B, B->s, B->qr + (size_t)row0 * dp, K->kvn, nq32, nk32, dp);
@@ -450,9 +531,19 @@ static void tile_pair(const fa_problem *p, const bwd_bufs *B, const kt_bufs *K,
                             slope, kind == FA_TM_PARTIAL);
     }
     const size_t slot = (size_t)at->slot * BQ / 2 * BK;
-    build_p_ds(B, B->pp + slot, B->dsp + slot, B->lse + row0, B->dd + row0, at->nq, nq32,
-               at->nk, nk32, transform ? 1.0f : p->scale, cap > 0);
-    ds_times_keys(B->dq + (size_t)row0 * dp, B, K->kp, nq32, nk32, dp);
+    uint16_t *dsr = B->dsr + (size_t)*cur * B->parts * BQ * BK;
+    build_job bj = {B->pp + slot, B->dsp + slot, dsr, B->lse + row0, B->dd + row0,
+                    at->nq, nq32, at->nk, nk32, cap > 0, transform ? 1.0f : p->scale, 0};
+    const dq_job mine = {B->dq + (size_t)row0 * dp, dsr, K->kp, nq32, nk32};
+    if (B->parts == 1) { /* bf16: measured 1.5% slower interleaved; built, then its dQ */
+        ds_times_keys(B, NULL, &bj, dp);
+        ds_times_keys(B, &mine, NULL, dp);
+        return;
+    }
+    ds_times_keys(B, *has_pend ? pend : NULL, &bj, dp);
+    *pend = mine;
+    *has_pend = 1;
+    *cur ^= 1;
 }
 
 /* A run of query tiles with nothing to see gets P = dS = 0 in its slot. */
@@ -504,6 +595,10 @@ static void key_group(const fa_problem *p, const bwd_bufs *B, int64_t b, int64_t
     fa_tm_qrows rows[QG];
     const int qg = B->parts > 1 ? QG_SPLIT : QG;
     pair_at at;
+    /* each pair's dQ product runs during the next pair's P and dS (tile_pair); the last one
+       after the loops. dq rows sum their key tiles in the same order as before. */
+    dq_job pend = {0};
+    int has_pend = 0, cur = 0;
     for (at.r = 0; at.r < p->group; at.r++) {
         const float slope = fa_alibi_slope(p, b, hk * p->group + at.r);
         for (int64_t g0 = ia & ~(int64_t)63; g0 < ib; g0 += qg * BQ) {
@@ -523,7 +618,8 @@ static void key_group(const fa_problem *p, const bwd_bufs *B, int64_t b, int64_t
                     at.nq = rows[at.slot].n;
                     const int kind = fa_tm_classify(&rows[at.slot], at.j0, at.j0 + at.nk);
                     if (kind != FA_TM_NONE)
-                        tile_pair(p, B, &B->kt[t], &rows[at.slot], kind, &at, slope);
+                        tile_pair(p, B, &B->kt[t], &rows[at.slot], kind, &at, slope, &pend,
+                                  &has_pend, &cur);
                     else
                         empty_slot(B, at.slot);
                     any |= kind != FA_TM_NONE;
@@ -532,6 +628,7 @@ static void key_group(const fa_problem *p, const bwd_bufs *B, int64_t b, int64_t
             }
         }
     }
+    if (has_pend) ds_times_keys(B, &pend, NULL, pad32((int)p->d));
 }
 
 FA_TM_HOT
