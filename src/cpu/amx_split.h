@@ -1,5 +1,6 @@
 /*
- * cpu/amx_split.h — fp32 products on the bf16 AMX unit (the amx level's fp32 forward): each
+ * cpu/amx_split.h — fp32 products on the bf16 AMX unit (the amx level's fp32 forward and
+ * backward; put_row also feeds the bf16 kernels' operand rows): each
  * fp32 operand x is split into three bf16 parts, x = hi + mid + lo exactly, and a product
  * x y is formed from the six partial products whose size reaches fp32's precision,
  *
@@ -75,6 +76,17 @@ FA_TM_INLINE void split_row(uint16_t *restrict dst, size_t pstride, const float 
         _mm256_storeu_si256((__m256i *)(dst + pstride + x), split_bf16(md));
         _mm256_storeu_si256((__m256i *)(dst + 2 * pstride + x), split_bf16(lo));
     }
+}
+
+/* A row of an operand as the products read it, parts pstride elements apart: bf16 (parts 1)
+   copied, fp32 (parts 3) split; zeros for a padding row, past the sequence (row NULL). */
+FA_TM_INLINE void put_row(uint16_t *dst, size_t pstride, const void *row, int parts, int d, int dp) {
+    if (!row)
+        for (int k = 0; k < parts; k++) memset(dst + k * pstride, 0, (size_t)dp * 2);
+    else if (parts == 1)
+        copy_row(dst, row, d, dp);
+    else
+        split_row(dst, pstride, (const float *)row, d, dp);
 }
 
 /* Values e0 (row 2r) and e1 (row 2r + 1) of 16 columns (P or dS) -> row r of their VNNI

@@ -183,16 +183,6 @@ static float row_dot(const void *o, const void *g, int d, int f32) {
     return _mm512_reduce_add_ps(acc);
 }
 
-/* A row of an operand into dst (parts pstride elements apart): bf16 copied, fp32 split;
-   zeros for a padding row (row NULL). */
-static void put_row(uint16_t *dst, size_t pstride, const void *row, int parts, int d, int dp) {
-    if (!row)
-        for (int k = 0; k < parts; k++) memset(dst + k * pstride, 0, (size_t)dp * 2);
-    else if (parts == 1)
-        copy_row(dst, row, d, dp);
-    else
-        split_row(dst, pstride, (const float *)row, d, dp);
-}
 
 /* A row of es-byte elements into L1 ahead of its use. Rows of one head lie a whole token
    apart (4 KiB at H 8, d 128 fp32: each on its own page), so the hardware prefetcher does not

@@ -93,16 +93,6 @@ AMX_FN void transpose_v(uint16_t *restrict dst, const uint16_t *restrict stg, in
     transpose_rows32(dst, KS, stg, (size_t)dp, dp);
 }
 
-/* Row r of a block of 32 rows, parts of it pstride elements apart: converted from the
-   input's dtype, or zero for r past the sequence (row NULL). */
-AMX_FN void put_row(uint16_t *dst, size_t pstride, const void *row, int parts, int d, int dp) {
-    if (!row)
-        for (int k = 0; k < parts; k++) memset(dst + k * pstride, 0, (size_t)dp * 2);
-    else if (parts == 1)
-        copy_row(dst, row, d, dp);
-    else
-        split_row(dst, pstride, (const float *)row, d, dp);
-}
 
 /* Keys [j, j + 32) of kv head hk of sequence b (rows past its end zero) -> kd: per part, 32
    rows of dp; vtd: per part, V^T (dp rows of 32 keys). Parts are 32 * dp elements apart. */
