@@ -298,7 +298,8 @@ static void pack_keys(const fa_problem *p, const bwd_bufs *B, const kt_bufs *K, 
    stride as bytes; K step k at a + (k / 2) a_pair + (k % 2) a_step bytes) and a 32-column B
    slab (row stride bs bytes, the next K step b_step bytes on); C starts at zero when zero is
    set. With split operands (parts 3) each K step runs split_step on parts apart and bpart
-   bytes apart, swapped as it says. */
+   bytes apart, swapped as it says. between (NULL: none) runs after every K step, while its
+   products are still in flight (ds_times_keys builds the next pair's P and dS there). */
 typedef struct split_at {
     int parts;
     size_t apart, bpart;
@@ -307,7 +308,8 @@ typedef struct split_at {
 
 FA_TM_INLINE void block2x2(float *c, size_t cs, int zero, const char *a, size_t as,
                            size_t a_step, size_t a_pair, const char *b, size_t bs,
-                           size_t b_step, int steps, split_at sp) {
+                           size_t b_step, int steps, split_at sp, void (*between)(void *),
+                           void *arg) {
     char *cb = (char *)c;
     AMX_FENCE();
     if (zero) {
@@ -325,13 +327,18 @@ FA_TM_INLINE void block2x2(float *c, size_t cs, int zero, const char *a, size_t 
         const char *ak = a + (size_t)(k >> 1) * a_pair + (size_t)(k & 1) * a_step;
         if (sp.parts > 1) {
             split_step(ak, sp.apart, TR * as, as, b, sp.bpart, bs, sp.swapped);
-            continue;
+        } else {
+            _tile_loadd(TA0, ak, as);
+            _tile_loadd(TA1, ak + TR * as, as);
+            _tile_loadd(TB0, b, bs);
+            _tile_loadd(TB1, b + 64, bs);
+            AMX_DP_2X2();
         }
-        _tile_loadd(TA0, ak, as);
-        _tile_loadd(TA1, ak + TR * as, as);
-        _tile_loadd(TB0, b, bs);
-        _tile_loadd(TB1, b + 64, bs);
-        AMX_DP_2X2();
+        if (between) {
+            AMX_FENCE();
+            between(arg);
+            AMX_FENCE();
+        }
     }
     _tile_stored(TC00, cb, cs);
     _tile_stored(TC01, cb + 64, cs);
@@ -349,7 +356,8 @@ static void rows_times_keys(const bwd_bufs *B, float *out, const uint16_t *rows,
         for (int kb = 0; kb < nk32; kb += 32)
             block2x2(out + (size_t)qb * BK + kb, BK * 4, 1,
                      (const char *)(rows + (size_t)qb * dp), (size_t)dp * 2, KS * 2, KS * 4,
-                     (const char *)(vnn + kb), BK * 4, (size_t)TR * BK * 4, dp / KS, sp);
+                     (const char *)(vnn + kb), BK * 4, (size_t)TR * BK * 4, dp / KS, sp, NULL,
+                     NULL);
 }
 
 /* acc[x][j] += sum_i tr[x][i] pairs[i/2][j] over nq32 queries: dV^T (dO^T, P) or dK^T (Q^T,
@@ -361,7 +369,8 @@ static void trans_times_pairs(const bwd_bufs *B, float *acc, const uint16_t *tr,
         for (int kb = 0; kb < nk32; kb += 32)
             block2x2(acc + (size_t)xb * BK + kb, BK * 4, 0,
                      (const char *)(tr + (size_t)xb * BQ), BQ * 2, KS * 2, (size_t)BQ * dp * 2,
-                     (const char *)(pairs + kb), BK * 4, (size_t)TR * BK * 4, nq32 / KS, sp);
+                     (const char *)(pairs + kb), BK * 4, (size_t)TR * BK * 4, nq32 / KS, sp,
+                     NULL, NULL);
 }
 
 /* ---- P and dS ---- */
@@ -448,47 +457,33 @@ typedef struct dq_job {
     int nq32, nk32;
 } dq_job;
 
+/* build_rows of one job, per rows at a time, as block2x2's between-steps work. */
+typedef struct build_step {
+    const bwd_bufs *B;
+    build_job *job;
+    int per;
+} build_step;
+static void build_step_run(void *x) {
+    const build_step *s = x;
+    build_rows(s->B, s->job, s->per);
+}
+
 /* The dQ product of job q (none if NULL), with the rows of build job b (none if NULL) built
-   between its 2 x 2 blocks: the vector work of P and dS then runs while the tile products of
-   the block before it are still in flight, instead of after them (the products' tail and
-   the elementwise work overlap). */
+   between its K steps: the vector work of P and dS then runs while the tile products of the
+   step before it are still in flight, instead of after them (the products' tail and the
+   elementwise work overlap). */
 static void ds_times_keys(const bwd_bufs *B, const dq_job *q, build_job *b, int dp) {
     if (q) {
         const split_at sp = {B->parts, B->ps.dsr * 2, B->ps.kv * 4, 0};
-        const size_t as = BK * 2, bs = (size_t)dp * 4;
         const int steps = q->nk32 / KS, all = q->nq32 / 32 * (dp / 32) * steps;
         /* row pairs per K step, rounded up: the build is done by the last step */
-        const int per = b ? (b->nq32 / 2 + all - 1) / all : 0;
+        build_step bs = {B, b, b ? (b->nq32 / 2 + all - 1) / all : 0};
         for (int qb = 0; qb < q->nq32; qb += 32)
-            for (int xb = 0; xb < dp; xb += 32) {
-                char *cb = (char *)(q->dq + (size_t)qb * dp + xb);
-                AMX_FENCE();
-                _tile_loadd(TC00, cb, bs);
-                _tile_loadd(TC01, cb + 64, bs);
-                _tile_loadd(TC10, cb + TR * bs, bs);
-                _tile_loadd(TC11, cb + TR * bs + 64, bs);
-                const char *a = (const char *)(q->dsr + (size_t)qb * BK);
-                const char *bb = (const char *)(q->kp + xb);
-                for (int k = 0; k < steps; k++, a += KS * 2, bb += (size_t)TR * bs) {
-                    if (sp.parts > 1) {
-                        split_step(a, sp.apart, TR * as, as, bb, sp.bpart, bs, sp.swapped);
-                    } else {
-                        _tile_loadd(TA0, a, as);
-                        _tile_loadd(TA1, a + TR * as, as);
-                        _tile_loadd(TB0, bb, bs);
-                        _tile_loadd(TB1, bb + 64, bs);
-                        AMX_DP_2X2();
-                    }
-                    AMX_FENCE();
-                    if (b) build_rows(B, b, per);
-                    AMX_FENCE();
-                }
-                _tile_stored(TC00, cb, bs);
-                _tile_stored(TC01, cb + 64, bs);
-                _tile_stored(TC10, cb + TR * bs, bs);
-                _tile_stored(TC11, cb + TR * bs + 64, bs);
-                AMX_FENCE();
-            }
+            for (int xb = 0; xb < dp; xb += 32)
+                block2x2(q->dq + (size_t)qb * dp + xb, (size_t)dp * 4, 0,
+                         (const char *)(q->dsr + (size_t)qb * BK), BK * 2, KS * 2, KS * 4,
+                         (const char *)(q->kp + xb), (size_t)dp * 4, (size_t)TR * dp * 4,
+                         steps, sp, b ? build_step_run : NULL, &bs);
     }
     if (b) build_rows(B, b, b->nq32); /* the rest, or all without a dQ product */
 }
