@@ -18,6 +18,7 @@
 #                 bench     flashattn bench --backend cuda --sweep, bench/peers.py, bench/table.py
 #                 decode    flashattn bench --decode, bench/peers_decode.py,
 #                           bench/table_decode.py (not in the default: STAGES="build decode")
+#   SANITIZE_TESTS  the tests the sanitize stage runs (default "test_fwd test_bwd test_kvcache")
 #   SANITIZE=1  adds "sanitize" to the default stages (it is slow, and squeezed by the time kept
 #               for the bench: for a full sanitizer pass use STAGES="build sanitize")
 #   COMMIT      the commit measured, for the table header (default: git describe if .git exists)
@@ -204,7 +205,7 @@ if has_stage sanitize; then
   run_stage sanitize $((6 * share + 20)) "$bench_reserve" 60 bash -c "
     rc=0
     for tool in memcheck racecheck; do
-      for t in test_fwd test_bwd test_kvcache; do
+      for t in ${SANITIZE_TESTS:-test_fwd test_bwd test_kvcache}; do
         echo \"--- compute-sanitizer --tool \$tool $BUILD/tests/\$t cuda (timeout ${share}s)\"
         timeout -k 5 $share '$cs' --tool \$tool --error-exitcode 99 $BUILD/tests/\$t cuda
         r=\$?

@@ -25,6 +25,7 @@
 #include <math.h>
 
 #include "kernels.h"
+#include "merge_sm80.h"
 #include "ptx.cuh"
 #include "score_mods.cuh"
 
@@ -72,6 +73,8 @@ template <int D_> struct DecodeCfg {
     /* the final cross-warp merge reuses the tiles: NW x 16 rows x D fp32 + max/sum */
     static_assert((size_t)NW * 16 * D * 4 + 2 * NW * 16 * 4 <= (size_t)NW * WARP_SMEM,
                   "merge scratch fits in the K/V buffers");
+    static_assert((size_t)(FA_CUDA_MERGE_MAX_PARTS + 2) * 16 * 4 <= (size_t)NW * WARP_SMEM,
+                  "the split merge's weights fit in the K/V buffers");
 };
 
 /* Row address of cache token j of sequence b, head hk (contiguous or paged). */
@@ -114,17 +117,80 @@ __device__ __forceinline__ void decode_load(const DecodeArgs &a, uint32_t sk, ui
 }
 
 /*
+ * The common tile in few instructions: all BNW rows inside the range and in one page (always
+ * for a contiguous cache; for pages of a power of two >= BNW rows when the tile starts on a
+ * multiple of BNW). Each lane's chunks are then fixed offsets from the tile's first row, set
+ * once per block; a tile costs one row address (one block table read when paged) and a 64-bit
+ * add per chunk. decode_load, which addresses every row through cache_row, was ~250 integer
+ * instructions per warp tile: the decode kernel's largest share of issued instructions and of
+ * its instruction-fetch stalls (ncu, batch 1 x 8k). Head dims whose chunks per row do not
+ * divide a warp (96, 192) keep decode_load.
+ */
+template <typename T, typename C> struct DecodeTileLoader {
+    static constexpr int CPR = C::D / 8;
+    static constexpr bool ENABLED = 32 % CPR == 0;
+    static constexpr int RP = ENABLED ? 32 / CPR : 1; /* rows per pass of the warp */
+    static constexpr int N = C::BNW / RP;            /* chunks per lane per tile */
+    const char *k0, *v0;       /* row 0 of (b, hk): contiguous; (page 0, hk): paged */
+    int64_t kst, vst, kpg, vpg; /* bytes per token and per page */
+    int64_t lk, lv;            /* this lane's first chunk within a tile */
+    uint32_t ls;               /* ... and in shared memory */
+    bool okx;                  /* its columns inside d */
+
+    __device__ __forceinline__ DecodeTileLoader(const DecodeArgs &a, int b, int hk, int lane) {
+        const int r = lane / CPR, x = lane % CPR;
+        const int64_t e = sizeof(T);
+        kst = a.k_st * e, vst = a.v_st * e;
+        kpg = a.k_sb * e, vpg = a.v_sb * e;
+        const int64_t bo = a.block_table ? 0 : b;
+        k0 = (const char *)a.k + (bo * a.k_sb + (int64_t)hk * a.k_sh) * e;
+        v0 = (const char *)a.v + (bo * a.v_sb + (int64_t)hk * a.v_sh) * e;
+        lk = r * kst + x * 16, lv = r * vst + x * 16;
+        ls = (uint32_t)(r * C::LD + x * 8) * 2;
+        okx = x * 8 < a.d;
+    }
+    __device__ __forceinline__ bool fits(const DecodeArgs &a, int j0, int end) const {
+        return j0 + C::BNW <= end &&
+               (!a.block_table || (a.page_shift >= 4 && (j0 & (C::BNW - 1)) == 0));
+    }
+    __device__ __forceinline__ void load(const DecodeArgs &a, uint32_t sk, uint32_t sv, int b,
+                                         int j0) const {
+        const char *kt = k0, *vt = v0;
+        int j = j0;
+        if (a.block_table) {
+            const int page = min(max(a.block_table[b * a.bt_stride + (j0 >> a.page_shift)], 0),
+                                 a.num_pages - 1);
+            kt += page * kpg, vt += page * vpg;
+            j = j0 & (a.page_size - 1);
+        }
+        kt += j * kst + lk, vt += j * vst + lv;
+#pragma unroll
+        for (int i = 0; i < N; i++) {
+            const uint32_t so = ls + (uint32_t)(i * RP * C::LD) * 2;
+            cp_async16(sk + so, kt + i * RP * kst, okx);
+            cp_async16(sv + so, vt + i * RP * vst, okx);
+        }
+        cp_async_commit();
+    }
+};
+
+/*
  * Split-KV: called by every split block of (row block rb, kv head hk, sequence b) after it has
  * written its partials. The block that finishes last (the count its thread 0 draws) merges the
  * splits' partials of those rows: lse = log(sum_s exp(lse_s)), out = sum_s exp(lse_s - lse)
  * out_s (as merge_sm80.cu), into o and lse. The fence before the count publishes this block's
  * partials; the one after it orders the last block's reads after everybody's writes, and the
  * reads bypass L1 (__ldcg).
+ * The merge is a chain of L2 round trips at the end of the call, so it is laid out for few of
+ * them: every split's LSE of the block's rows in one pass into shared memory (`scratch`, the
+ * free K/V buffers), the weights per row from there, then each thread sums 4 columns of one
+ * row over the splits with 8 loads in flight (a loop of one load per split was ~10 us of a
+ * 27 us batch-1 call).
  */
 template <typename T, typename C>
 __device__ __forceinline__ void decode_merge_last(const DecodeArgs &a, int rb, int hk, int b,
-                                                  int row0, int tid) {
-    constexpr int D = C::D;
+                                                  int row0, int tid, float *scratch) {
+    constexpr int D = C::D, UNROLL = 8;
     __shared__ int last;
     __syncthreads(); /* every thread's partial stores issued */
     if (tid == 0) {
@@ -135,37 +201,66 @@ __device__ __forceinline__ void decode_merge_last(const DecodeArgs &a, int rb, i
     __syncthreads();
     if (!last) return;
     __threadfence();
-    const int64_t nb = gridDim.z;
-    for (int c = tid; c < 16 * (D / 8); c += C::THREADS) {
-        const int r = c / (D / 8), x = (c % (D / 8)) * 8, pr = row0 + r;
+    const int ns = a.num_splits;
+    const int64_t row_step = (int64_t)gridDim.z * a.seqlen_q * a.heads_q; /* one split's rows */
+    float *w = scratch;               /* [split][16]: LSE, then weight */
+    float *inv = w + ns * 16, *lse = inv + 16; /* [16] each */
+    for (int i = tid; i < ns * 16; i += C::THREADS) {
+        const int sp = i >> 4, pr = row0 + (i & 15);
+        float v = -INFINITY;
+        if (pr < a.rows) {
+            const int t = pr / a.group, h = hk * a.group + pr % a.group;
+            v = __ldcg(a.part_lse + sp * row_step + ((int64_t)b * a.heads_q + h) * a.seqlen_q + t);
+        }
+        w[i] = v;
+    }
+    __syncthreads();
+    if (tid < 16) {
+        float M = -INFINITY;
+        for (int sp = 0; sp < ns; sp++) M = fmaxf(M, w[sp * 16 + tid]);
+        const float Mu = M == -INFINITY ? 0.f : M;
+        float sum = 0.f;
+        for (int sp = 0; sp < ns; sp++) {
+            const float e = __expf(w[sp * 16 + tid] - Mu);
+            w[sp * 16 + tid] = e;
+            sum += e;
+        }
+        inv[tid] = sum > 0.f ? 1.f / sum : 0.f;
+        lse[tid] = sum > 0.f ? Mu + logf(sum) : -INFINITY;
+    }
+    __syncthreads();
+    for (int c = tid; c < 16 * (D / 4); c += C::THREADS) {
+        const int r = c / (D / 4), x = (c % (D / 4)) * 4, pr = row0 + r;
         if (pr >= a.rows || x >= a.d) continue;
         const int t = pr / a.group, h = hk * a.group + pr % a.group;
         const int64_t row1 = ((int64_t)b * a.seqlen_q + t) * a.heads_q + h; /* in a split */
-        const int64_t lse1 = ((int64_t)b * a.heads_q + h) * a.seqlen_q + t;
-        const int64_t row_step = nb * a.seqlen_q * a.heads_q;
-        float M = -INFINITY;
-        for (int sp = 0; sp < a.num_splits; sp++) M = fmaxf(M, __ldcg(a.part_lse + sp * row_step + lse1));
-        const float Mu = M == -INFINITY ? 0.f : M;
-        float sum = 0.f, out[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        for (int sp = 0; sp < a.num_splits; sp++) {
-            const float w = __expf(__ldcg(a.part_lse + sp * row_step + lse1) - Mu);
-            const float4 *src = (const float4 *)(a.part_o + (sp * row_step + row1) * a.d + x);
-            const float4 u = __ldcg(src), v = __ldcg(src + 1);
-            sum += w;
-            out[0] += w * u.x, out[1] += w * u.y, out[2] += w * u.z, out[3] += w * u.w;
-            out[4] += w * v.x, out[5] += w * v.y, out[6] += w * v.z, out[7] += w * v.w;
+        const float4 *src = (const float4 *)(a.part_o + row1 * a.d + x);
+        const int64_t stride = row_step * a.d / 4; /* float4s from one split to the next */
+        float o0 = 0.f, o1 = 0.f, o2 = 0.f, o3 = 0.f;
+        int sp = 0;
+        for (; sp + UNROLL <= ns; sp += UNROLL) {
+            float4 u[UNROLL];
+#pragma unroll
+            for (int k = 0; k < UNROLL; k++) u[k] = __ldcg(src + (sp + k) * stride);
+#pragma unroll
+            for (int k = 0; k < UNROLL; k++) {
+                const float wk = w[(sp + k) * 16 + r];
+                o0 += wk * u[k].x, o1 += wk * u[k].y, o2 += wk * u[k].z, o3 += wk * u[k].w;
+            }
         }
-        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+        for (; sp < ns; sp++) {
+            const float4 u = __ldcg(src + sp * stride);
+            const float wk = w[sp * 16 + r];
+            o0 += wk * u.x, o1 += wk * u.y, o2 += wk * u.z, o3 += wk * u.w;
+        }
+        const float s = inv[r];
         T *dst = (T *)a.o + (int64_t)b * a.o_sb + (int64_t)t * a.o_st + (int64_t)h * a.o_sh + x;
-        uint4 pk;
-        pk.x = pack2<T>(out[0] * inv, out[1] * inv);
-        pk.y = pack2<T>(out[2] * inv, out[3] * inv);
-        pk.z = pack2<T>(out[4] * inv, out[5] * inv);
-        pk.w = pack2<T>(out[6] * inv, out[7] * inv);
-        *(uint4 *)dst = pk;
+        uint2 pk;
+        pk.x = pack2<T>(o0 * s, o1 * s);
+        pk.y = pack2<T>(o2 * s, o3 * s);
+        *(uint2 *)dst = pk;
         if (a.lse && x == 0)
-            a.lse[(int64_t)b * a.lse_sb + (int64_t)h * a.lse_sh + (int64_t)t * a.lse_st] =
-                sum > 0.f ? Mu + logf(sum) : -INFINITY;
+            a.lse[(int64_t)b * a.lse_sb + (int64_t)h * a.lse_sh + (int64_t)t * a.lse_st] = lse[r];
     }
 }
 
@@ -206,7 +301,9 @@ __global__ void __launch_bounds__(C::THREADS) decode_sm80_kernel(const __grid_co
         const int c = pr / a.group + diag;
         return a.m.win_right < 0 ? L : min(L, c + a.m.win_right + 1);
     };
-    const int kb = max(k_begin, lo_of(row0)), ke = min(k_end, hi_of(last_row));
+    /* kb on a multiple of BNW (tiles then start on page rows the fast loader takes); keys
+       before the first row's window start are masked like any edge */
+    const int kb = max(k_begin, lo_of(row0) & ~(BNW - 1)), ke = min(k_end, hi_of(last_row));
 
     const uint32_t wbase = sQ + (uint32_t)C::SMEM_Q + warp * C::WARP_SMEM;
     auto kbuf = [&](int i) { return wbase + (uint32_t)(i % C::STAGES) * 2 * C::TILE; };
@@ -223,10 +320,17 @@ __global__ void __launch_bounds__(C::THREADS) decode_sm80_kernel(const __grid_co
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     const bool fancy = a.m.softcap > 0.f || a.m.alibi != nullptr;
 
+    const DecodeTileLoader<T, C> tl(a, b, hk, lane);
+    auto load_tile = [&](int i) {
+        const int j0 = first + i * step;
+        if constexpr (DecodeTileLoader<T, C>::ENABLED)
+            if (tl.fits(a, j0, ke)) return tl.load(a, kbuf(i), vbuf(i), b, j0);
+        decode_load<T, C>(a, kbuf(i), vbuf(i), b, hk, j0, ke, lane);
+    };
     /* the first STAGES - 1 tiles in flight, one cp.async group each (empty past the end) */
 #pragma unroll
     for (int i = 0; i < C::STAGES - 1; i++) {
-        if (i < ntiles) decode_load<T, C>(a, kbuf(i), vbuf(i), b, hk, first + i * step, ke, lane);
+        if (i < ntiles) load_tile(i);
         else cp_async_commit();
     }
     cp_async_wait<C::STAGES - 1>(); /* the Q group */
@@ -252,7 +356,7 @@ __global__ void __launch_bounds__(C::THREADS) decode_sm80_kernel(const __grid_co
         const int j0 = first + i * step;
         const int ahead = i + C::STAGES - 1;
         if (ahead < ntiles)
-            decode_load<T, C>(a, kbuf(ahead), vbuf(ahead), b, hk, first + ahead * step, ke, lane);
+            load_tile(ahead);
         else
             cp_async_commit();
         cp_async_wait<C::STAGES - 1>(); /* tile i landed (this lane's part) */
@@ -310,12 +414,15 @@ __global__ void __launch_bounds__(C::THREADS) decode_sm80_kernel(const __grid_co
             }
             l[hr] = l[hr] * alpha[hr] + sum;
         }
+        /* the max settles after the first tiles: skip the D / 2 multiplies while it stays */
+        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-        for (int j = 0; j < DT; j++) {
-            acc[j][0] *= alpha[0];
-            acc[j][1] *= alpha[0];
-            acc[j][2] *= alpha[1];
-            acc[j][3] *= alpha[1];
+            for (int j = 0; j < DT; j++) {
+                acc[j][0] *= alpha[0];
+                acc[j][1] *= alpha[0];
+                acc[j][2] *= alpha[1];
+                acc[j][3] *= alpha[1];
+            }
         }
 #pragma unroll
         for (int kk = 0; kk < BNW / 16; kk++)
@@ -393,14 +500,13 @@ __global__ void __launch_bounds__(C::THREADS) decode_sm80_kernel(const __grid_co
                 a.part_lse[(((int64_t)split * gridDim.z + b) * a.heads_q + h) * a.seqlen_q + t] = lse;
         }
     }
-    if (a.num_splits > 1) decode_merge_last<T, C>(a, rb, hk, b, row0, tid);
+    /* so, read above, is the merge's scratch after the merge's first barrier */
+    if (a.num_splits > 1) decode_merge_last<T, C>(a, rb, hk, b, row0, tid, so);
 }
 
 template <typename T, int D>
 cudaError_t decode_sm80_run(const DecodeArgs &a, int row_blocks, int heads_kv, int batch,
                             cudaStream_t st);
-/* Blocks of the kernel for head dim D that fit on one multiprocessor (0 on error). */
-template <typename T, int D> int decode_sm80_occupancy();
 
 #define FA_DECODE_SM80_DEFINE(T, D_)                                                          \
     template <>                                                                               \
@@ -413,19 +519,6 @@ template <typename T, int D> int decode_sm80_occupancy();
         if (e != cudaSuccess) return e;                                                       \
         kern<<<dim3(row_blocks * a.num_splits, heads_kv, batch), C::THREADS, C::SMEM, st>>>(a); \
         return cudaGetLastError();                                                            \
-    }                                                                                         \
-    template <> int decode_sm80_occupancy<T, D_>() {                                          \
-        using C = DecodeCfg<D_>;                                                              \
-        auto kern = decode_sm80_kernel<T, C>;                                                 \
-        int n = 0;                                                                            \
-        if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,           \
-                                 (int)C::SMEM) != cudaSuccess ||                              \
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, C::THREADS, C::SMEM) !=   \
-                cudaSuccess) {                                                                \
-            cudaGetLastError();                                                               \
-            return 0;                                                                         \
-        }                                                                                     \
-        return n;                                                                             \
     }
 
 } // namespace fa
