@@ -8,7 +8,7 @@
 # Environment: ARGS (rows; default batch 1, caches 8k/32k/128k, both layouts, checks off),
 # SPLITS (forced num_splits to try, e.g. "16 48 64", at SPLIT_BATCHES x SPLIT_LENS, default
 # 1 x 8192), PEERS=0 (skip the peers),
-# NCU=1 (ncu at batch 1 x 8k: details and per-instruction SASS, summarised by sass_stalls.py),
+# NCU=1 (ncu at batch 1 x NCU_LEN, default 8192: details and per-instruction SASS, summarised by sass_stalls.py),
 # NSYS=1 (nsys at batch 1 x 8k: the last GPU operations of the trace, kernels and memsets).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -43,11 +43,11 @@ if [ "${PEERS:-1}" = 1 ]; then
 fi
 if [ "${NCU:-0}" = 1 ]; then
   NCU_BIN=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-  timeout -k 5 200 "$NCU_BIN" --clock-control none -k regex:decode --launch-skip 5 \
+  timeout -k 5 200 "$NCU_BIN" --clock-control none -k regex:decode --launch-skip 5 --cache-control none \
     --launch-count 1 --section SpeedOfLight --section WarpStateStats --section LaunchStats \
     --section Occupancy --section SourceCounters --section MemoryWorkloadAnalysis -f -o /tmp/p_dec \
-    "$TOOL" bench --backend cuda --decode --batches 1 --cache-lens 8192 --contiguous \
-    --checks off --warmup 2 --reps 3 --max-time 0 >/tmp/ncu_dec.log 2>&1
+    "$TOOL" bench --backend cuda --decode --batches 1 --cache-lens "${NCU_LEN:-8192}" \
+    --contiguous --checks off --warmup 2 --reps 3 --max-time 0 >/tmp/ncu_dec.log 2>&1
   echo "ncu: exit $?" | tee -a "$S"
   "$NCU_BIN" --import /tmp/p_dec.ncu-rep --page details --csv >"$OUT/ncu_dec.csv" 2>&1
   "$NCU_BIN" --import /tmp/p_dec.ncu-rep --page source --csv --print-source sass >/tmp/sass_dec.csv 2>&1

@@ -181,6 +181,7 @@ fa_status fa_context_set_threads(fa_context *ctx, int threads) {
 fa_status fa_context_set_stream(fa_context *ctx, void *stream) {
     NEED_CTX("fa_context_set_stream");
     ctx->stream = stream;
+    ctx->ws_zero_bytes = 0; /* work on the old stream may still be using it */
     return FA_OK;
 }
 

@@ -366,6 +366,7 @@ static fa_status workspace(fa_context *ctx, const char *fn, size_t need, void **
         return FA_OK;
     }
     if (need > ctx->own_ws_bytes) {
+        ctx->ws_zero_bytes = 0;
         if (ctx->own_ws) ctx->ops->ws_free(ctx->own_ws);
         ctx->own_ws = NULL;
         ctx->own_ws_bytes = 0;
@@ -413,7 +414,13 @@ fa_status fa_call_finish(fa_call *c, const fa_problem *pr, fa_ws_entry ws_entry,
     void *ws = NULL;
     size_t ws_bytes = 0;
     if (need) FA_TRY(workspace(ctx, c->fn, need, &ws, &ws_bytes));
-    FA_TRY(run_entry(ctx, pr, ws, ws_bytes));
+    /* the user's memory may change between calls; any call may write anywhere in its
+       workspace unless it renews the range */
+    if (!ws || ws != ctx->own_ws) ctx->ws_zero_bytes = 0;
+    ctx->ws_zero_set = 0;
+    const fa_status st = run_entry(ctx, pr, ws, ws_bytes);
+    if (!ctx->ws_zero_set || ws != ctx->own_ws) ctx->ws_zero_bytes = 0;
+    FA_TRY(st);
     fa_call_done(ctx);
     return FA_OK;
 }

@@ -418,14 +418,15 @@ static double *values(const fa_tensor *t) {
     return x;
 }
 
+/* shared: the case's one context (kv_case.one_context), else NULL for a fresh one */
 static int run_variant(tk_report *r, kv_run *R, const kv_ref *ref, const kv_ref *base,
-                       tk_rng *rng, int verbose) {
+                       tk_rng *rng, int verbose, fa_context *shared) {
     if (run_alloc(R, rng)) {
         addf(r, "    out of host memory\n");
         return 0;
     }
-    fa_context *ctx = NULL;
-    fa_status st = fa_context_create(&ctx, R->backend);
+    fa_context *ctx = shared;
+    fa_status st = shared ? FA_OK : fa_context_create(&ctx, R->backend);
     if (st == FA_OK && R->var->threads && !R->on_dev)
         st = fa_context_set_threads(ctx, R->var->threads);
     dev_arrays dv = {NULL, NULL, NULL};
@@ -455,7 +456,7 @@ static int run_variant(tk_report *r, kv_run *R, const kv_ref *ref, const kv_ref 
     tk_device_free_array(dv.seqlens);
     tk_device_free_array(dv.bt);
     tk_device_free_array(dv.slopes);
-    fa_context_destroy(ctx);
+    if (!shared) fa_context_destroy(ctx);
     return ok;
 }
 
@@ -492,6 +493,11 @@ int kv_run_case(const kv_case *c, fa_backend backend, uint64_t seed, int verbose
         addf(r, "  %s\n", err);
         ok = 0;
     }
+    fa_context *shared = NULL;
+    if (ok && c->one_context && fa_context_create(&shared, backend) != FA_OK) {
+        addf(r, "  fa_context_create: %s\n", fa_last_error(NULL));
+        ok = 0;
+    }
     for (int i = 0; ok && i < c->nvar; i++) {
         kv_run *R = &runs[i];
         R->D = &D;
@@ -500,7 +506,7 @@ int kv_run_case(const kv_case *c, fa_backend backend, uint64_t seed, int verbose
         R->on_dev = on_dev;
         addf(r, "  variant %d (%s%d, splits %d, threads %d)\n", i, R->var->page ? "page " : "contig",
              R->var->page, R->var->splits, R->var->threads);
-        int vok = run_variant(r, R, &ref, &base, &rng, verbose);
+        int vok = run_variant(r, R, &ref, &base, &rng, verbose, shared);
         /* on the CPU the layout changes where rows come from, not the arithmetic */
         for (int j = 0; vok && !on_dev && j < i; j++) {
             const kv_variant *a = &c->var[j], *b = R->var;
@@ -515,6 +521,7 @@ int kv_run_case(const kv_case *c, fa_backend backend, uint64_t seed, int verbose
         }
         ok &= vok;
     }
+    fa_context_destroy(shared);
     if (!ok)
         addf(r, "  kernel %s; rerun with FLASHATTN_TEST_SEED=%llu\n",
              r->kernel_fwd[0] ? r->kernel_fwd : "-", (unsigned long long)seed);

@@ -34,6 +34,8 @@ typedef struct kv_case {
     float softcap;
     int alibi;                  /* TK_ALIBI_* */
     int strided;                /* non-contiguous q, out, lse, cache, k_new, v_new */
+    int one_context;            /* every variant on one context, each meeting the workspace
+                                   the ones before left (the CUDA decode's split counters) */
     int nvar;
     kv_variant var[KV_MAX_VARIANTS];
 } kv_case;

@@ -6,7 +6,8 @@
  *  - cases: every option against the float64 reference under the 2x rule, each laid out as a
  *    contiguous cache and as paged caches (page sizes 16, 64, 256, pages in shuffled order),
  *    with forced split counts 1..N and the heuristic's; appends that fill a sequence to its
- *    capacity and that cross page boundaries; cached lengths 0 and 1 (kvtest.c);
+ *    capacity and that cross page boundaries; cached lengths 0 and 1; variants in sequence
+ *    on one context (kvtest.c);
  *  - fa_merge_attn against a direct float64 computation (parts of -inf LSE included) and as
  *    the merge of a sharded forward;
  *  - the split heuristic and the selection record;
@@ -87,6 +88,10 @@ static const kv_case cases[] = {
      .causal = 1, .softcap = 1.5f, VARS(P(256, 1), P(16, 3), C(0))},
     {SHAPE("splits-1-to-8", 1, 2, 4, 2, 64, BF16), .lens = {700}, .snew = 2, .causal = 1,
      VARS(C(1), C(2), C(3), C(4), C(5), C(6), C(7), C(8))},
+    /* one context: a split count again (its counters left zero by the kernel, not cleared),
+       other counts whose partials overwrite earlier counters, a paged call, the heuristic's */
+    {SHAPE("one-context-splits", 2, 1, 8, 2, 128, BF16), .lens = {900, 301}, .snew = 1,
+     .one_context = 1, VARS(C(2), C(2), C(5), C(2), P(16, 3), C(0), C(0), C(2))},
     {SHAPE("batch8-page-edges", 8, 1, 2, 2, 32, F16), .lens = {0, 1, 2, 15, 16, 17, 63, 64},
      .snew = 1, .room = 15, VARS(P(16, 1), P(16, 2), P(64, 0), C(1))},
 };

@@ -309,8 +309,17 @@ static fa_status cuda_fwd_kvcache(fa_context *ctx, const fa_problem *p, void *ws
         if (st != FA_OK) return fa_fail(ctx, st, "fa_fwd_kvcache: %s", msg);
     }
     int splits = 1;
+    if (ctx->ws_zero_bytes) {
+        l.zero = (const char *)ws + ctx->ws_zero_off;
+        l.zero_bytes = ctx->ws_zero_bytes;
+    }
     fa_status st = fa_sm80_fwd_kvcache(p, &l, &splits);
     if (st != FA_OK) return fa_fail(ctx, st, "fa_fwd_kvcache: %s", l.msg);
+    if (l.left_zero) {
+        ctx->ws_zero_off = (size_t)((char *)l.left_zero - (char *)ws);
+        ctx->ws_zero_bytes = l.left_zero_bytes;
+        ctx->ws_zero_set = 1;
+    }
     record(ctx, "fwd", &l, WS_HEAD + fa_sm80_kvcache_workspace(p, &l));
     ctx->sel.num_splits = splits;
     if (!ctx->device_checks)

@@ -213,8 +213,15 @@ extern "C" fa_status fa_sm80_fwd_kvcache(const fa_problem *p, fa_cuda_launch *l,
     const cudaStream_t st = (cudaStream_t)l->stream;
     const bool bf = p->dtype == FA_DTYPE_BF16;
     cudaError_t e = cudaSuccess;
-    if (pl.splits > 1) /* the split blocks' arrival counts (decode_merge_last) */
-        e = cudaMemsetAsync(a.counters, 0, (size_t)pl.row_blocks * p->heads_kv * p->batch * 4, st);
+    if (pl.splits > 1) {
+        /* the split blocks' arrival counts (decode_merge_last), which the kernel leaves zero:
+           cleared only where the context does not know them to be */
+        const size_t cb = (size_t)pl.row_blocks * p->heads_kv * p->batch * 4;
+        const char *c = (const char *)a.counters, *z = (const char *)l->zero;
+        if (!z || c < z || c + cb > z + l->zero_bytes) e = cudaMemsetAsync(a.counters, 0, cb, st);
+        l->left_zero = a.counters;
+        l->left_zero_bytes = cb;
+    }
 
     if (e == cudaSuccess && p->k_new.data && p->seqlen_new > 0) {
         const int64_t n = p->batch * p->seqlen_new * p->heads_kv * (p->d / 8);

@@ -25,7 +25,6 @@
 #include <math.h>
 
 #include "kernels.h"
-#include "merge_sm80.h"
 #include "ptx.cuh"
 #include "score_mods.cuh"
 
@@ -73,8 +72,6 @@ template <int D_> struct DecodeCfg {
     /* the final cross-warp merge reuses the tiles: NW x 16 rows x D fp32 + max/sum */
     static_assert((size_t)NW * 16 * D * 4 + 2 * NW * 16 * 4 <= (size_t)NW * WARP_SMEM,
                   "merge scratch fits in the K/V buffers");
-    static_assert((size_t)(FA_CUDA_MERGE_MAX_PARTS + 2) * 16 * 4 <= (size_t)NW * WARP_SMEM,
-                  "the split merge's weights fit in the K/V buffers");
 };
 
 /* Row address of cache token j of sequence b, head hk (contiguous or paged). */
@@ -178,89 +175,72 @@ template <typename T, typename C> struct DecodeTileLoader {
  * Split-KV: called by every split block of (row block rb, kv head hk, sequence b) after it has
  * written its partials. The block that finishes last (the count its thread 0 draws) merges the
  * splits' partials of those rows: lse = log(sum_s exp(lse_s)), out = sum_s exp(lse_s - lse)
- * out_s (as merge_sm80.cu), into o and lse. The fence before the count publishes this block's
- * partials; the one after it orders the last block's reads after everybody's writes, and the
- * reads bypass L1 (__ldcg).
- * The merge is a chain of L2 round trips at the end of the call, so it is laid out for few of
- * them: every split's LSE of the block's rows in one pass into shared memory (`scratch`, the
- * free K/V buffers), the weights per row from there, then each thread sums 4 columns of one
- * row over the splits with 8 loads in flight (a loop of one load per split was ~10 us of a
- * 27 us batch-1 call).
+ * out_s (as merge_sm80.cu), into o and lse, and sets the count back to zero. The fence before
+ * the count publishes this block's partials; the one after it orders the last block's reads
+ * after everybody's writes, and the reads bypass L1 (__ldcg).
+ * The merge is a chain of L2 round trips at the end of the call, so it takes few: each thread
+ * sums 4 columns of one row, reading U splits' LSEs and outputs at once with a running max
+ * (one round trip for up to U splits; a loop of one load per split, after a first pass over
+ * the LSEs, was ~10% of a 26 us batch-1 call).
  */
 template <typename T, typename C>
 __device__ __forceinline__ void decode_merge_last(const DecodeArgs &a, int rb, int hk, int b,
-                                                  int row0, int tid, float *scratch) {
-    constexpr int D = C::D, UNROLL = 8;
+                                                  int row0, int tid) {
+    constexpr int D = C::D, U = 16;
     __shared__ int last;
     __syncthreads(); /* every thread's partial stores issued */
     if (tid == 0) {
         __threadfence();
         int *cnt = a.counters + ((int64_t)b * gridDim.y + hk) * (gridDim.x / a.num_splits) + rb;
         last = atomicAdd(cnt, 1) == a.num_splits - 1;
+        if (last) *cnt = 0; /* every split has counted: ready for the next call */
     }
     __syncthreads();
     if (!last) return;
     __threadfence();
     const int ns = a.num_splits;
     const int64_t row_step = (int64_t)gridDim.z * a.seqlen_q * a.heads_q; /* one split's rows */
-    float *w = scratch;               /* [split][16]: LSE, then weight */
-    float *inv = w + ns * 16, *lse = inv + 16; /* [16] each */
-    for (int i = tid; i < ns * 16; i += C::THREADS) {
-        const int sp = i >> 4, pr = row0 + (i & 15);
-        float v = -INFINITY;
-        if (pr < a.rows) {
-            const int t = pr / a.group, h = hk * a.group + pr % a.group;
-            v = __ldcg(a.part_lse + sp * row_step + ((int64_t)b * a.heads_q + h) * a.seqlen_q + t);
-        }
-        w[i] = v;
-    }
-    __syncthreads();
-    if (tid < 16) {
-        float M = -INFINITY;
-        for (int sp = 0; sp < ns; sp++) M = fmaxf(M, w[sp * 16 + tid]);
-        const float Mu = M == -INFINITY ? 0.f : M;
-        float sum = 0.f;
-        for (int sp = 0; sp < ns; sp++) {
-            const float e = __expf(w[sp * 16 + tid] - Mu);
-            w[sp * 16 + tid] = e;
-            sum += e;
-        }
-        inv[tid] = sum > 0.f ? 1.f / sum : 0.f;
-        lse[tid] = sum > 0.f ? Mu + logf(sum) : -INFINITY;
-    }
-    __syncthreads();
     for (int c = tid; c < 16 * (D / 4); c += C::THREADS) {
         const int r = c / (D / 4), x = (c % (D / 4)) * 4, pr = row0 + r;
         if (pr >= a.rows || x >= a.d) continue;
         const int t = pr / a.group, h = hk * a.group + pr % a.group;
         const int64_t row1 = ((int64_t)b * a.seqlen_q + t) * a.heads_q + h; /* in a split */
+        const float *lse_src = a.part_lse + ((int64_t)b * a.heads_q + h) * a.seqlen_q + t;
         const float4 *src = (const float4 *)(a.part_o + row1 * a.d + x);
         const int64_t stride = row_step * a.d / 4; /* float4s from one split to the next */
-        float o0 = 0.f, o1 = 0.f, o2 = 0.f, o3 = 0.f;
-        int sp = 0;
-        for (; sp + UNROLL <= ns; sp += UNROLL) {
-            float4 u[UNROLL];
+        float M = -INFINITY, sum = 0.f, o0 = 0.f, o1 = 0.f, o2 = 0.f, o3 = 0.f;
+        for (int s0 = 0; s0 < ns; s0 += U) {
+            float ls[U];
+            float4 u[U];
 #pragma unroll
-            for (int k = 0; k < UNROLL; k++) u[k] = __ldcg(src + (sp + k) * stride);
+            for (int k = 0; k < U; k++) {
+                const bool in = s0 + k < ns;
+                ls[k] = in ? __ldcg(lse_src + (s0 + k) * row_step) : -INFINITY;
+                u[k] = in ? __ldcg(src + (s0 + k) * stride) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+            float Mn = M;
 #pragma unroll
-            for (int k = 0; k < UNROLL; k++) {
-                const float wk = w[(sp + k) * 16 + r];
+            for (int k = 0; k < U; k++) Mn = fmaxf(Mn, ls[k]);
+            const float Mu = Mn == -INFINITY ? 0.f : Mn;
+            const float f = __expf(M - Mu); /* 0 while M is -inf */
+            sum *= f, o0 *= f, o1 *= f, o2 *= f, o3 *= f;
+#pragma unroll
+            for (int k = 0; k < U; k++) {
+                const float wk = __expf(ls[k] - Mu);
+                sum += wk;
                 o0 += wk * u[k].x, o1 += wk * u[k].y, o2 += wk * u[k].z, o3 += wk * u[k].w;
             }
+            M = Mn;
         }
-        for (; sp < ns; sp++) {
-            const float4 u = __ldcg(src + sp * stride);
-            const float wk = w[sp * 16 + r];
-            o0 += wk * u.x, o1 += wk * u.y, o2 += wk * u.z, o3 += wk * u.w;
-        }
-        const float s = inv[r];
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;
         T *dst = (T *)a.o + (int64_t)b * a.o_sb + (int64_t)t * a.o_st + (int64_t)h * a.o_sh + x;
         uint2 pk;
-        pk.x = pack2<T>(o0 * s, o1 * s);
-        pk.y = pack2<T>(o2 * s, o3 * s);
+        pk.x = pack2<T>(o0 * inv, o1 * inv);
+        pk.y = pack2<T>(o2 * inv, o3 * inv);
         *(uint2 *)dst = pk;
         if (a.lse && x == 0)
-            a.lse[(int64_t)b * a.lse_sb + (int64_t)h * a.lse_sh + (int64_t)t * a.lse_st] = lse[r];
+            a.lse[(int64_t)b * a.lse_sb + (int64_t)h * a.lse_sh + (int64_t)t * a.lse_st] =
+                sum > 0.f ? (M == -INFINITY ? 0.f : M) + logf(sum) : -INFINITY;
     }
 }
 
@@ -500,8 +480,7 @@ __global__ void __launch_bounds__(C::THREADS) decode_sm80_kernel(const __grid_co
                 a.part_lse[(((int64_t)split * gridDim.z + b) * a.heads_q + h) * a.seqlen_q + t] = lse;
         }
     }
-    /* so, read above, is the merge's scratch after the merge's first barrier */
-    if (a.num_splits > 1) decode_merge_last<T, C>(a, rb, hk, b, row0, tid, so);
+    if (a.num_splits > 1) decode_merge_last<T, C>(a, rb, hk, b, row0, tid);
 }
 
 template <typename T, int D>

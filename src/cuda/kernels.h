@@ -25,7 +25,11 @@ typedef struct fa_cuda_launch {
     size_t smem_optin; /* largest dynamic shared memory per block the device allows */
     void *ws;          /* device workspace of at least the size the *_workspace function gave */
     size_t ws_bytes;
+    const void *zero;  /* bytes of the workspace known to be zero (NULL: none) ... */
+    size_t zero_bytes;
     /* out */
+    void *left_zero;   /* bytes of the workspace this call leaves zero (NULL: none) */
+    size_t left_zero_bytes;
     char kernel[64];   /* e.g. "sm80_fwd_d128_bf16_causal" */
     int tile_q, tile_k, threads;
     char msg[256];     /* on failure: what went wrong */
