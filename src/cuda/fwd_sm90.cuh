@@ -31,7 +31,7 @@
  *   V   [stage][panel][BN keys][128 B]             same
  *   mbarriers (Q full/empty per buffer, K and V full/empty per stage), the buffers' tiles
  * Tiles per head dim (Cfg): d 64: 128 keys, 3 stages, 2 Q buffers (128 KB); d 128: 128 keys,
- * 2 stages, 2 Q buffers (192 KB); d 256: 64 keys, 2 stages, 1 Q buffer (192 KB).
+ * 2 stages, 2 Q buffers (192 KB); d 256: 80 keys, 2 stages, 1 Q buffer (224 KB).
  */
 #ifndef FA_CUDA_FWD_SM90_CUH
 #define FA_CUDA_FWD_SM90_CUH
