@@ -268,7 +268,7 @@ static void kv_item(const fa_problem *p, int64_t b, int64_t hk, int64_t g0, int 
                     const float *restrict g = B.g + (ptrdiff_t)i * BK;
                     const float di = B.dd[i];
                     if (next) fa_tm_ahead_row(next, i);
-                    fa_vexp_softmax_row(sr, sr, n, mul, B.lse[i]); /* P, as the forward's */
+                    fa_vexp_softmax_ftz_row(sr, sr, n, mul, B.lse[i]); /* P, as the forward's */
                     {
                         const fa_vf vdi = fa_vset1(di);
                         int j = 0;
@@ -391,7 +391,7 @@ static void q_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int gs
                 /* all BQ columns: padding ones have LSE +inf, so P = 0 there */
                 for (int i = 0; i < BQ; i += FA_VW)
                     fa_vstore(ds + i,
-                              fa_vexp_softmax(fa_vload(st + i) * vmul - fa_vload(U->lse + i)) *
+                              fa_vexp_softmax_ftz(fa_vload(st + i) * vmul - fa_vload(U->lse + i)) *
                                   (fa_vload(ds + i) - fa_vload(U->dd + i)));
                 if (cap > 0) {
                     const float *restrict g = B.g + (ptrdiff_t)j * BQ;

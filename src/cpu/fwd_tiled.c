@@ -110,7 +110,7 @@ FA_TM_INLINE void softmax_step(const fwd_sub *U, float *st, int nk, int nq4, int
         float *s = st + (ptrdiff_t)j * BQ;
 #pragma GCC unroll 16
         for (int v = 0; v < NV; v++) {
-            const fa_vf e = fa_vexp_softmax(fa_vload(s + v * FA_VW) * vmul - ref[v]);
+            const fa_vf e = fa_vexp_softmax_ftz(fa_vload(s + v * FA_VW) * vmul - ref[v]);
             fa_vstore(s + v * FA_VW, e);
             sum[v] += e;
         }

@@ -123,7 +123,7 @@ FA_V_INLINE fa_vf fa_vexp(fa_vf x) {
 #define FA_EXP2_C3 5.550328642e-2f
 #define FA_EXP2_C2 2.402264625e-1f
 #define FA_EXP2_C1 6.931471825e-1f
-FA_V_INLINE fa_vf fa_vexp_softmax(fa_vf x) {
+FA_V_INLINE fa_vf fa_vexp_softmax_by(fa_vf x, int flush) {
     fa_vf t = x * FA_LOG2E;
 #if defined(__AVX512F__)
     /* max returns its second operand when either is NaN: t last keeps NaN */
@@ -145,8 +145,14 @@ FA_V_INLINE fa_vf fa_vexp_softmax(fa_vf x) {
     p = p * f + FA_EXP2_C1;
     p = p * f + 1.0f;
 #if defined(__AVX512F__)
+    if (flush) { /* t > -125 (or NaN) is a normal result; the other lanes are not computed */
+        const __mmask16 normal = _mm512_cmp_ps_mask((__m512)t, _mm512_set1_ps(-125.0f),
+                                                    _CMP_NLE_UQ);
+        return (fa_vf)_mm512_maskz_scalef_ps(normal, (__m512)p, (__m512)n);
+    }
     return (fa_vf)_mm512_scalef_ps((__m512)p, (__m512)n);
 #else
+    (void)flush;
     /* n in [-150, 0] (a little above for roundings): two normal factors, as fa_vexp */
     const fa_vi n1 = ni >> 1, n2 = ni - n1;
     const fa_vf e = p * (fa_vf)((n1 + 127) << 23) * (fa_vf)((n2 + 127) << 23);
@@ -154,9 +160,22 @@ FA_V_INLINE fa_vf fa_vexp_softmax(fa_vf x) {
 #endif
 }
 
+FA_V_INLINE fa_vf fa_vexp_softmax(fa_vf x) { return fa_vexp_softmax_by(x, 0); }
+
+/*
+ * The same, but results under 2^-125 are 0 on AVX-512 (elsewhere: fa_vexp_softmax): a
+ * subnormal or underflowing result costs a microcode assist of ~150 cycles per vector, and
+ * every masked (-inf) score of a causal diagonal tile took one (the d 64 causal forward spent
+ * ~10% there, bench/NOTES.md). Probabilities are relative to a row max of about 1, so what is
+ * flushed is far below any error the correctness rule sees. The kernels' exponentials use it;
+ * fa_vexp_softmax keeps the subnormal range that test_simd_exp checks.
+ */
+FA_V_INLINE fa_vf fa_vexp_softmax_ftz(fa_vf x) { return fa_vexp_softmax_by(x, 1); }
+
 /* dst[i] = exp(mul * src[i] - sub) for i < n, any n (the tail through a padded vector), by
-   fa_vexp_softmax when softmax (a softmax row: sub is its max or LSE) or fa_vexp; returns the
-   sum of the results. softmax is a constant at each call site. */
+   fa_vexp_softmax when softmax is 1 (a softmax row: sub is its max or LSE), by
+   fa_vexp_softmax_ftz when 2, or fa_vexp; returns the sum of the results. softmax is a
+   constant at each call site. */
 FA_V_INLINE float fa_vexp_row_by(float *dst, const float *src, int n, float mul, float sub,
                                  int softmax) {
     fa_vf acc = {0};
@@ -164,7 +183,7 @@ FA_V_INLINE float fa_vexp_row_by(float *dst, const float *src, int n, float mul,
     int i = 0;
     for (; i + FA_VW <= n; i += FA_VW) {
         const fa_vf x = fa_vload(src + i) * vm - vs;
-        const fa_vf e = softmax ? fa_vexp_softmax(x) : fa_vexp(x);
+        const fa_vf e = softmax ? fa_vexp_softmax_by(x, softmax == 2) : fa_vexp(x);
         fa_vstore(dst + i, e);
         acc += e;
     }
@@ -173,7 +192,8 @@ FA_V_INLINE float fa_vexp_row_by(float *dst, const float *src, int n, float mul,
     if (i < n) {
         float tmp[FA_VW];
         for (int l = 0; l < FA_VW; l++) tmp[l] = i + l < n ? mul * src[i + l] - sub : -INFINITY;
-        const fa_vf e = softmax ? fa_vexp_softmax(fa_vload(tmp)) : fa_vexp(fa_vload(tmp));
+        const fa_vf e =
+            softmax ? fa_vexp_softmax_by(fa_vload(tmp), softmax == 2) : fa_vexp(fa_vload(tmp));
         for (int l = 0; i + l < n; l++) {
             dst[i + l] = e[l];
             sum += e[l];
@@ -188,6 +208,11 @@ FA_V_INLINE float fa_vexp_row(float *dst, const float *src, int n, float mul, fl
 
 FA_V_INLINE float fa_vexp_softmax_row(float *dst, const float *src, int n, float mul, float sub) {
     return fa_vexp_row_by(dst, src, n, mul, sub, 1);
+}
+
+FA_V_INLINE float fa_vexp_softmax_ftz_row(float *dst, const float *src, int n, float mul,
+                                          float sub) {
+    return fa_vexp_row_by(dst, src, n, mul, sub, 2);
 }
 
 #endif /* FA_CPU_SIMD_H */
