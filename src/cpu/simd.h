@@ -126,9 +126,19 @@ FA_V_INLINE fa_vf fa_vexp(fa_vf x) {
 FA_V_INLINE fa_vf fa_vexp_softmax_by(fa_vf x, int flush) {
     fa_vf t = x * FA_LOG2E;
 #if defined(__AVX512F__)
-    /* max returns its second operand when either is NaN: t last keeps NaN */
-    t = (fa_vf)_mm512_max_ps(_mm512_set1_ps(-150.0f), (__m512)t);
-    const fa_vf n = (fa_vf)_mm512_roundscale_ps((__m512)t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    /* t > -125 (or NaN) is a normal result; with flush the other lanes are never formed, so
+       t needs no clamp (-inf lanes go NaN, then 0), and the 1.5 * 2^23 shifter (two adds on
+       either FMA port; vrndscaleps is two uops of one) rounds every lane that is kept */
+    const __mmask16 normal = _mm512_cmp_ps_mask((__m512)t, _mm512_set1_ps(-125.0f), _CMP_NLE_UQ);
+    fa_vf n;
+    if (flush) {
+        const fa_vf shifter = fa_vset1(12582912.0f);
+        n = (t + shifter) - shifter;
+    } else {
+        /* max returns its second operand when either is NaN: t last keeps NaN */
+        t = (fa_vf)_mm512_max_ps(_mm512_set1_ps(-150.0f), (__m512)t);
+        n = (fa_vf)_mm512_roundscale_ps((__m512)t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    }
 #else
     t = fa_vsel(t < -150.0f, fa_vset1(-150.0f), t); /* NaN compares false: kept */
     /* round to nearest by the 1.5 * 2^23 shifter, as in fa_vexp */
@@ -145,11 +155,7 @@ FA_V_INLINE fa_vf fa_vexp_softmax_by(fa_vf x, int flush) {
     p = p * f + FA_EXP2_C1;
     p = p * f + 1.0f;
 #if defined(__AVX512F__)
-    if (flush) { /* t > -125 (or NaN) is a normal result; the other lanes are not computed */
-        const __mmask16 normal = _mm512_cmp_ps_mask((__m512)t, _mm512_set1_ps(-125.0f),
-                                                    _CMP_NLE_UQ);
-        return (fa_vf)_mm512_maskz_scalef_ps(normal, (__m512)p, (__m512)n);
-    }
+    if (flush) return (fa_vf)_mm512_maskz_scalef_ps(normal, (__m512)p, (__m512)n);
     return (fa_vf)_mm512_scalef_ps((__m512)p, (__m512)n);
 #else
     (void)flush;
