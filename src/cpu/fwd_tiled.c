@@ -24,7 +24,7 @@
 
 #define BQ FA_TM_BQ
 #define BK FA_TM_BK
-#define FWD_QSUB 4 /* query tiles per work item */
+#define FWD_QSUB 8 /* query tiles per work item */
 
 /* One query tile's state. */
 typedef struct fwd_sub {
