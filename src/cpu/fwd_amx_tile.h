@@ -139,7 +139,7 @@ AMX_FN void load_q(const fa_problem *p, const amx_bufs *B, int64_t bq, int64_t r
                 __m512i w[16];
                 for (int i = 0; i < 16; i++)
                     w[i] = _mm512_loadu_si512(s32 + (size_t)(i0 + i) * dw + r0);
-                transpose16(w);
+                fa_transpose16(w);
                 for (int t = 0; t < 16; t++)
                     _mm512_storeu_si512(qt + (size_t)(r0 + t) * BQ + i0, w[t]);
             }
@@ -418,7 +418,7 @@ AMX_FN void store_out(const fa_problem *p, const amx_bufs *B, const fa_tm_qrows 
             __m512i r[16];
             for (int t = 0; t < 16; t++)
                 r[t] = _mm512_loadu_si512(B->ot + (size_t)(x0 + t) * BQ + i0);
-            transpose16(r);
+            fa_transpose16(r);
             for (int i = 0; i < 16 && i0 + i < nq; i++) {
                 if (rows->lo[i0 + i] >= rows->hi[i0 + i]) continue;
                 const __m512 o = _mm512_div_ps((__m512)r[i], _mm512_set1_ps(B->l[i0 + i]));

@@ -141,10 +141,7 @@ FA_TM_INLINE void sub_init(const fwd_sub *U, const fa_problem *p, int64_t bq, in
     fa_tm_ahead qa;
     fa_tm_ahead_init(&qa, &p->q, &p->q, es, bq, t0, nq, h, d);
     for (int i = 0; i < nq; i++) fa_tm_ahead_row(&qa, i);
-    for (int i = 0; i < nq; i++)
-        fa_tm_load_col(U->qt + i, BQ, fa_tm_row(&p->q, es, bq, t0 + i, h), dt, d, 1.0f);
-    for (int x = 0; x < d; x++)
-        for (int i = nq; i < BQ; i++) U->qt[(ptrdiff_t)x * BQ + i] = 0.0f;
+    fa_tm_load_tile_t(U->qt, &p->q, dt, bq, t0, nq, h, d);
     memset(U->o, 0, (size_t)fa_tm_pad4(nq) * dp * sizeof(float));
     for (int i = 0; i < BQ; i++) {
         U->m[i] = -INFINITY;

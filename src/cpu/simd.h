@@ -47,6 +47,33 @@ FA_V_INLINE fa_vf fa_vsel(fa_vi m, fa_vf a, fa_vf b) {
 /* one instruction each, where the generic select costs a compare and a blend */
 FA_V_INLINE fa_vf fa_vmax(fa_vf a, fa_vf b) { return (fa_vf)_mm512_max_ps((__m512)a, (__m512)b); }
 FA_V_INLINE fa_vf fa_vmin(fa_vf a, fa_vf b) { return (fa_vf)_mm512_min_ps((__m512)a, (__m512)b); }
+
+/* r[t] <- column t of the 16 x 16 matrix of dwords whose rows are r[0..15]: pairs of dwords,
+   then pairs of qwords inside 128-bit lanes, then the lanes themselves. */
+FA_V_INLINE void fa_transpose16(__m512i r[16]) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    /* u[4g + k], lane L: column 4L + k of rows 4g .. 4g + 3 */
+    for (int g = 0; g < 16; g += 4) {
+        u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
+        u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
+        u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
+        u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
+    }
+    for (int k = 0; k < 4; k++) {
+        const __m512i s0 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x44);
+        const __m512i s1 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xee);
+        const __m512i s2 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x44);
+        const __m512i s3 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xee);
+        r[k] = _mm512_shuffle_i32x4(s0, s2, 0x88);
+        r[4 + k] = _mm512_shuffle_i32x4(s0, s2, 0xdd);
+        r[8 + k] = _mm512_shuffle_i32x4(s1, s3, 0x88);
+        r[12 + k] = _mm512_shuffle_i32x4(s1, s3, 0xdd);
+    }
+}
 #else
 FA_V_INLINE fa_vf fa_vmax(fa_vf a, fa_vf b) { return fa_vsel(a > b, a, b); }
 FA_V_INLINE fa_vf fa_vmin(fa_vf a, fa_vf b) { return fa_vsel(a < b, a, b); }
