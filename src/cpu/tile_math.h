@@ -401,28 +401,40 @@ typedef struct fa_tm_qrows {
     int n;                              /* rows in the tile */
     int64_t lo[FA_TM_BQ], hi[FA_TM_BQ]; /* row i sees keys [lo, hi); empty when lo >= hi */
     int64_t ulo, uhi;                   /* union over the non-empty rows; ulo >= uhi: none */
+    int64_t ilo, ihi;                   /* keys every row sees: [max lo, min hi) */
     int64_t diag0;                      /* diagonal column c(i0) of the first row */
 } fa_tm_qrows;
 
-FA_TM_INLINE void fa_tm_qrows_init(fa_tm_qrows *r, const fa_problem *p, int64_t i0, int n,
-                                   int64_t sq, int64_t sk) {
-    r->n = n;
-    r->ulo = INT64_MAX;
-    r->uhi = INT64_MIN;
-    r->diag0 = i0 + sk - sq;
-    for (int i = 0; i < n; i++) {
-        fa_row_keys(p, i0 + i, sq, sk, &r->lo[i], &r->hi[i]);
+/* ulo, uhi, ilo, ihi from the rows' ranges. */
+FA_TM_INLINE void fa_tm_qrows_bounds(fa_tm_qrows *r) {
+    r->ulo = r->ihi = INT64_MAX;
+    r->uhi = r->ilo = INT64_MIN;
+    for (int i = 0; i < r->n; i++) {
+        if (r->lo[i] > r->ilo) r->ilo = r->lo[i];
+        if (r->hi[i] < r->ihi) r->ihi = r->hi[i];
         if (r->lo[i] >= r->hi[i]) continue;
         if (r->lo[i] < r->ulo) r->ulo = r->lo[i];
         if (r->hi[i] > r->uhi) r->uhi = r->hi[i];
     }
 }
 
+FA_TM_INLINE void fa_tm_qrows_init(fa_tm_qrows *r, const fa_problem *p, int64_t i0, int n,
+                                   int64_t sq, int64_t sk) {
+    r->n = n;
+    r->diag0 = i0 + sk - sq;
+    for (int i = 0; i < n; i++) fa_row_keys(p, i0 + i, sq, sk, &r->lo[i], &r->hi[i]);
+    fa_tm_qrows_bounds(r);
+}
+
 enum { FA_TM_NONE = 0, FA_TM_FULL = 1, FA_TM_PARTIAL = 2 };
 
 /* How key tile [j0, j1) meets the query tile: nothing visible (skip it), every element
-   visible (no per-element mask), or in part. */
+   visible (no per-element mask), or in part. The first two are found from the bounds when
+   they hold for the whole tile (they do for all but the edge tiles of a mask); the loop over
+   the rows is for the rest. */
 FA_TM_INLINE int fa_tm_classify(const fa_tm_qrows *r, int64_t j0, int64_t j1) {
+    if (j0 >= r->ilo && j1 <= r->ihi) return FA_TM_FULL;
+    if (j0 >= r->uhi || j1 <= r->ulo) return FA_TM_NONE;
     int any = 0, all = 1;
     for (int i = 0; i < r->n; i++) {
         int64_t lo = r->lo[i] > j0 ? r->lo[i] : j0;
