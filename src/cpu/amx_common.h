@@ -52,33 +52,6 @@ FA_TM_INLINE void amx_config_init(amx_config *cfg) {
     }
 }
 
-/* r[t] <- column t of the 16 x 16 matrix of dwords whose rows are r[0..15]: pairs of dwords,
-   then pairs of qwords inside 128-bit lanes, then the lanes themselves. */
-FA_TM_INLINE void transpose16(__m512i r[16]) {
-    __m512i t[16], u[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    /* u[4g + k], lane L: column 4L + k of rows 4g .. 4g + 3 */
-    for (int g = 0; g < 16; g += 4) {
-        u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
-        u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
-        u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
-        u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
-    }
-    for (int k = 0; k < 4; k++) {
-        const __m512i s0 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x44);
-        const __m512i s1 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xee);
-        const __m512i s2 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x44);
-        const __m512i s3 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xee);
-        r[k] = _mm512_shuffle_i32x4(s0, s2, 0x88);
-        r[4 + k] = _mm512_shuffle_i32x4(s0, s2, 0xdd);
-        r[8 + k] = _mm512_shuffle_i32x4(s1, s3, 0x88);
-        r[12 + k] = _mm512_shuffle_i32x4(s1, s3, 0xdd);
-    }
-}
-
 /* Word indices that interleave the low 16 words of two vectors: a0 b0 a1 b1 ... a15 b15
    (b's words are 32..63 for vpermt2w, 16..31 after vcvtne2ps2bf16 put b in the high half). */
 FA_TM_INLINE __m512i interleave_idx(int bofs) {
@@ -116,7 +89,7 @@ FA_TM_INLINE void transpose_rows32(uint16_t *restrict dst, size_t ld,
                 _mm256_loadu_si256((const __m256i *)(src + (2 * r + 1) * sld + x)));
             w[r] = _mm512_permutex2var_epi16(a, idx, b);
         }
-        transpose16(w);
+        fa_transpose16(w);
         for (int t = 0; t < 16; t++) _mm512_storeu_si512(dst + (size_t)(x + t) * ld, w[t]);
     }
 }

@@ -251,7 +251,7 @@ static void dword_transpose(uint32_t *dst, const uint16_t *stg, int dp) {
         for (int r0 = 0; r0 < dw; r0 += 16) {
             __m512i w[16];
             for (int j = 0; j < 16; j++) w[j] = _mm512_loadu_si512(s + (size_t)(j0 + j) * dw + r0);
-            transpose16(w);
+            fa_transpose16(w);
             for (int t = 0; t < 16; t++)
                 _mm512_storeu_si512(dst + (size_t)(r0 + t) * BK + j0, w[t]);
         }
@@ -560,7 +560,7 @@ static void store_keys(const fa_problem *p, const bwd_bufs *B, const float *acc,
             __m512i w[16];
             for (int t = 0; t < 16; t++)
                 w[t] = _mm512_loadu_si512(acc + (size_t)(x0 + t) * BK + j0);
-            transpose16(w);
+            fa_transpose16(w);
             for (int t = 0; t < 16; t++)
                 _mm512_storeu_si512(B->tmp + (size_t)(j0 + t) * dp + x0, w[t]);
         }

@@ -177,13 +177,8 @@ FA_TM_INLINE void kv_sub_init(const kv_sub *U, const fa_problem *p, int64_t bk, 
     fa_tm_ahead ka; /* all rows requested at once: their misses overlap */
     fa_tm_ahead_init(&ka, &p->k, &p->v, es, bk, t0, nk, hk, d);
     for (int j = 0; j < nk; j++) fa_tm_ahead_row(&ka, j);
-    for (int j = 0; j < nk; j++) {
-        fa_tm_load_col(U->kt + j, BK, fa_tm_row(&p->k, es, bk, t0 + j, hk), dt, d, 1.0f);
-        fa_tm_load_col(U->vt + j, BK, fa_tm_row(&p->v, es, bk, t0 + j, hk), dt, d, 1.0f);
-    }
-    for (int x = 0; x < d; x++)
-        for (int j = nk; j < BK; j++)
-            U->kt[(ptrdiff_t)x * BK + j] = U->vt[(ptrdiff_t)x * BK + j] = 0;
+    fa_tm_load_tile_t(U->kt, &p->k, dt, bk, t0, nk, hk, d);
+    fa_tm_load_tile_t(U->vt, &p->v, dt, bk, t0, nk, hk, d);
     memset(U->dk, 0, (size_t)fa_tm_pad4(nk) * dp * sizeof(float));
     memset(U->dv, 0, (size_t)fa_tm_pad4(nk) * dp * sizeof(float));
     if (rows)
@@ -268,7 +263,7 @@ static void kv_item(const fa_problem *p, int64_t b, int64_t hk, int64_t g0, int 
                     const float *restrict g = B.g + (ptrdiff_t)i * BK;
                     const float di = B.dd[i];
                     if (next) fa_tm_ahead_row(next, i);
-                    fa_vexp_softmax_row(sr, sr, n, mul, B.lse[i]); /* P, as the forward's */
+                    fa_vexp_softmax_ftz_row(sr, sr, n, mul, B.lse[i]); /* P, as the forward's */
                     {
                         const fa_vf vdi = fa_vset1(di);
                         int j = 0;
@@ -318,16 +313,12 @@ FA_TM_INLINE void q_sub_init(const q_sub *U, const fa_problem *p, int64_t b, int
     fa_tm_ahead qa; /* all rows requested at once: their misses overlap (as in the forward) */
     fa_tm_ahead_init(&qa, &p->q, &p->dout, es, bq, t0, nq, h, d);
     for (int i = 0; i < nq; i++) fa_tm_ahead_row(&qa, i);
+    fa_tm_load_tile_t(U->qt, &p->q, dt, bq, t0, nq, h, d);
+    fa_tm_load_tile_t(U->dot, &p->dout, dt, bq, t0, nq, h, d);
     for (int i = 0; i < nq; i++) {
-        const int64_t t = t0 + i;
-        fa_tm_load_col(U->qt + i, BQ, fa_tm_row(&p->q, es, bq, t, h), dt, d, 1.0f);
-        fa_tm_load_col(U->dot + i, BQ, fa_tm_row(&p->dout, es, bq, t, h), dt, d, 1.0f);
-        U->lse[i] = lse_ref(p, b, h, t);
+        U->lse[i] = lse_ref(p, b, h, t0 + i);
         U->dd[i] = dh[i];
     }
-    for (int x = 0; x < d; x++)
-        for (int i = nq; i < BQ; i++)
-            U->qt[(ptrdiff_t)x * BQ + i] = U->dot[(ptrdiff_t)x * BQ + i] = 0;
     for (int i = nq; i < BQ; i++) { /* padding columns: P = 0 */
         U->lse[i] = INFINITY;
         U->dd[i] = 0.0f;
@@ -391,7 +382,7 @@ static void q_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int gs
                 /* all BQ columns: padding ones have LSE +inf, so P = 0 there */
                 for (int i = 0; i < BQ; i += FA_VW)
                     fa_vstore(ds + i,
-                              fa_vexp_softmax(fa_vload(st + i) * vmul - fa_vload(U->lse + i)) *
+                              fa_vexp_softmax_ftz(fa_vload(st + i) * vmul - fa_vload(U->lse + i)) *
                                   (fa_vload(ds + i) - fa_vload(U->dd + i)));
                 if (cap > 0) {
                     const float *restrict g = B.g + (ptrdiff_t)j * BQ;

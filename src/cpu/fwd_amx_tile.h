@@ -139,7 +139,7 @@ AMX_FN void load_q(const fa_problem *p, const amx_bufs *B, int64_t bq, int64_t r
                 __m512i w[16];
                 for (int i = 0; i < 16; i++)
                     w[i] = _mm512_loadu_si512(s32 + (size_t)(i0 + i) * dw + r0);
-                transpose16(w);
+                fa_transpose16(w);
                 for (int t = 0; t < 16; t++)
                     _mm512_storeu_si512(qt + (size_t)(r0 + t) * BQ + i0, w[t]);
             }
@@ -418,7 +418,7 @@ AMX_FN void store_out(const fa_problem *p, const amx_bufs *B, const fa_tm_qrows 
             __m512i r[16];
             for (int t = 0; t < 16; t++)
                 r[t] = _mm512_loadu_si512(B->ot + (size_t)(x0 + t) * BQ + i0);
-            transpose16(r);
+            fa_transpose16(r);
             for (int i = 0; i < 16 && i0 + i < nq; i++) {
                 if (rows->lo[i0 + i] >= rows->hi[i0 + i]) continue;
                 const __m512 o = _mm512_div_ps((__m512)r[i], _mm512_set1_ps(B->l[i0 + i]));
@@ -446,26 +446,16 @@ AMX_FN void store_out(const fa_problem *p, const amx_bufs *B, const fa_tm_qrows 
 
 /* ---- one work item ---- */
 
-/* The query rows of a work item, and the keys that every one of them sees: key ranges inside
-   [all_lo, all_hi) are unmasked without looking at each row. */
+/* The query rows of a work item (fa_tm_classify finds the common cases from their bounds). */
 typedef struct qtile {
     fa_tm_qrows r;
-    int64_t all_lo, all_hi;
 } qtile;
 
 AMX_FN void qtile_init(qtile *q, const fa_problem *p, int64_t i0, int nq, int64_t sq, int64_t sk) {
     fa_tm_qrows_init(&q->r, p, i0, nq, sq, sk);
-    q->all_lo = INT64_MIN;
-    q->all_hi = INT64_MAX;
-    for (int i = 0; i < nq; i++) {
-        if (q->r.lo[i] > q->all_lo) q->all_lo = q->r.lo[i];
-        if (q->r.hi[i] < q->all_hi) q->all_hi = q->r.hi[i];
-    }
 }
 
-/* fa_tm_classify, with the common case (no row masks any of the keys) found at once. */
 FA_TM_INLINE int classify(const qtile *q, int64_t j0, int64_t j1) {
-    if (j0 >= q->all_lo && j1 <= q->all_hi) return FA_TM_FULL;
     return fa_tm_classify(&q->r, j0, j1);
 }
 

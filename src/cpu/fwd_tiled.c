@@ -24,7 +24,7 @@
 
 #define BQ FA_TM_BQ
 #define BK FA_TM_BK
-#define FWD_QSUB 4 /* query tiles per work item */
+#define FWD_QSUB 8 /* query tiles per work item */
 
 /* One query tile's state. */
 typedef struct fwd_sub {
@@ -110,7 +110,7 @@ FA_TM_INLINE void softmax_step(const fwd_sub *U, float *st, int nk, int nq4, int
         float *s = st + (ptrdiff_t)j * BQ;
 #pragma GCC unroll 16
         for (int v = 0; v < NV; v++) {
-            const fa_vf e = fa_vexp_softmax(fa_vload(s + v * FA_VW) * vmul - ref[v]);
+            const fa_vf e = fa_vexp_softmax_ftz(fa_vload(s + v * FA_VW) * vmul - ref[v]);
             fa_vstore(s + v * FA_VW, e);
             sum[v] += e;
         }
@@ -141,10 +141,7 @@ FA_TM_INLINE void sub_init(const fwd_sub *U, const fa_problem *p, int64_t bq, in
     fa_tm_ahead qa;
     fa_tm_ahead_init(&qa, &p->q, &p->q, es, bq, t0, nq, h, d);
     for (int i = 0; i < nq; i++) fa_tm_ahead_row(&qa, i);
-    for (int i = 0; i < nq; i++)
-        fa_tm_load_col(U->qt + i, BQ, fa_tm_row(&p->q, es, bq, t0 + i, h), dt, d, 1.0f);
-    for (int x = 0; x < d; x++)
-        for (int i = nq; i < BQ; i++) U->qt[(ptrdiff_t)x * BQ + i] = 0.0f;
+    fa_tm_load_tile_t(U->qt, &p->q, dt, bq, t0, nq, h, d);
     memset(U->o, 0, (size_t)fa_tm_pad4(nq) * dp * sizeof(float));
     for (int i = 0; i < BQ; i++) {
         U->m[i] = -INFINITY;
@@ -175,6 +172,54 @@ FA_TM_INLINE void sub_store(const fwd_sub *U, const fa_tm_qrows *rows, const fa_
             row_lse = (float)((double)U->m[i] + log((double)li)); /* one rounding */
         }
         if (lse) lse[b * p->lse_sb + h * p->lse_sh + t * p->lse_st] = row_lse;
+    }
+}
+
+/*
+ * A tile with a mask edge (a causal diagonal, a window's side) in 16 x 16 blocks: the keys
+ * [lo[c], hi[c]) that some real row of query block c (columns 16c .. 16c + 15) sees bound
+ * both products. S is formed only in the blocks of key rows and query columns that meet
+ * (fa_tm_scores_kmajor sets the others' visible columns to -inf: they are all masked), and
+ * O += P V of each query block sums only its keys (the others' P is exactly 0). On the
+ * diagonal that is 10 of 16 blocks of each product.
+ */
+enum { PB = 16, NPB = BQ / PB };
+
+static void partial_spans(const fa_tm_rel *rel, int nq, int *lo, int *hi) {
+    for (int c = 0; c < NPB; c++) {
+        lo[c] = BK;
+        hi[c] = 0;
+        for (int i = c * PB; i < (c + 1) * PB && i < nq; i++) {
+            if (rel->lo[i] >= rel->hi[i]) continue;
+            if (rel->lo[i] < lo[c]) lo[c] = rel->lo[i];
+            if (rel->hi[i] > hi[c]) hi[c] = rel->hi[i];
+        }
+    }
+}
+
+FA_TM_INLINE void partial_scores(const fwd_bufs *B, const fwd_sub *U, const int *lo,
+                                 const int *hi, int nk4, int d, int dp) {
+    for (int k0 = 0; k0 < nk4; k0 += PB) {
+        const int k1 = nk4 - k0 < PB ? nk4 : k0 + PB;
+        int c0 = NPB, c1 = 0; /* the query blocks that see a key of [k0, k1) */
+        for (int c = 0; c < NPB; c++)
+            if (lo[c] < k1 && hi[c] > k0) {
+                if (c < c0) c0 = c;
+                c1 = c + 1;
+            }
+        if (c0 < c1)
+            fa_tm_gemm_set(k1 - k0, (c1 - c0) * PB, d, B->kf + (ptrdiff_t)k0 * dp, dp, 1,
+                           U->qt + c0 * PB, BQ, B->st + (ptrdiff_t)k0 * BQ + c0 * PB, BQ);
+    }
+}
+
+FA_TM_INLINE void partial_pv(const fwd_bufs *B, const fwd_sub *U, const int *lo, const int *hi,
+                             int nq4, int dp) {
+    for (int c = 0; c < NPB && c * PB < nq4; c++) {
+        if (lo[c] >= hi[c]) continue;
+        const int m = nq4 - c * PB < PB ? nq4 - c * PB : PB;
+        fa_tm_gemm(m, dp, hi[c] - lo[c], B->st + (ptrdiff_t)lo[c] * BQ + c * PB, 1, BQ,
+                   B->vf + (ptrdiff_t)lo[c] * dp, dp, U->o + (ptrdiff_t)c * PB * dp, dp);
     }
 }
 
@@ -221,15 +266,20 @@ static void fwd_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int 
                mask, softcap or ALiBi) their maxima come out of its registers. */
             const int have_max =
                 kind[s] == FA_TM_FULL && nk == nk4 && slope == 0.0f && !(p->softcap > 0);
+            const int transform = fa_tm_needs_transform(kind[s], p->softcap, slope);
+            const int partial = kind[s] == FA_TM_PARTIAL;
+            int plo[NPB], phi[NPB];
+            if (transform) fa_tm_rel_init(&rel, &rows[s], j0);
+            if (partial) partial_spans(&rel, nq[s], plo, phi);
             if (have_max) {
                 for (int i = 0; i < BQ; i++) U->cm[i] = -INFINITY;
                 fa_tm_gemm_set_max(nk4, BQ, d, B.kf, dp, 1, U->qt, BQ, B.st, BQ, U->cm);
+            } else if (partial) {
+                partial_scores(&B, U, plo, phi, nk4, d, dp);
             } else {
                 fa_tm_gemm_set(nk4, BQ, d, B.kf, dp, 1, U->qt, BQ, B.st, BQ);
             }
-            const int transform = fa_tm_needs_transform(kind[s], p->softcap, slope);
             if (transform) {
-                fa_tm_rel_init(&rel, &rows[s], j0);
                 /* padding columns (i >= nq) stay unscaled: their scores are 0 */
                 fa_tm_scores_kmajor(B.st, NULL, nk, nq[s], &rel, p->scale, p->softcap, slope,
                                     kind[s] == FA_TM_PARTIAL);
@@ -239,7 +289,10 @@ static void fwd_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int 
                          have_max, transform ? 1.0f : p->scale);
             t++;
             /* O[i][x] += sum_j P[j][i] V[j][x]: A is st read down its columns */
-            fa_tm_gemm(nq4, dp, nk, B.st, 1, BQ, B.vf, dp, U->o, dp);
+            if (partial)
+                partial_pv(&B, U, plo, phi, nq4, dp);
+            else
+                fa_tm_gemm(nq4, dp, nk, B.st, 1, BQ, B.vf, dp, U->o, dp);
         }
     }
 

@@ -179,7 +179,6 @@ static void rows_init(kv_rows *R, const fa_problem *p, int64_t b, int64_t hk, in
     const int64_t sq = p->seqlen_q, sk = fa_kv_len(p, b), r0 = rt * BQ;
     const int64_t nrows = sq * p->group;
     const int nr = nrows - r0 < BQ ? (int)(nrows - r0) : BQ;
-    int64_t u0 = INT64_MAX, u1 = INT64_MIN;
     R->q.n = nr;
     R->alibi = p->alibi != NULL;
     for (int r = 0; r < nr; r++) {
@@ -189,25 +188,20 @@ static void rows_init(kv_rows *R, const fa_problem *p, int64_t b, int64_t hk, in
         R->diag[r] = R->i[r] + sk - sq;
         R->slope[r] = fa_alibi_slope(p, b, R->h[r]);
         fa_row_keys(p, R->i[r], sq, sk, &R->q.lo[r], &R->q.hi[r]);
-        if (R->q.lo[r] >= R->q.hi[r]) continue;
-        if (R->q.lo[r] < u0) u0 = R->q.lo[r];
-        if (R->q.hi[r] > u1) u1 = R->q.hi[r];
     }
+    fa_tm_qrows_bounds(&R->q);
+    const int64_t u0 = R->q.ulo, u1 = R->q.uhi;
     int64_t c0 = u0, c1 = u1;
     if (splits > 1 && u0 < u1) {
         const int64_t per = ((u1 - u0 + splits - 1) / splits + BK - 1) / BK * BK;
         c0 = u0 + s * per;
         c1 = c0 + per < u1 ? c0 + per : u1;
     }
-    R->q.ulo = INT64_MAX;
-    R->q.uhi = INT64_MIN;
     for (int r = 0; r < nr; r++) {
         if (R->q.lo[r] < c0) R->q.lo[r] = c0;
         if (R->q.hi[r] > c1) R->q.hi[r] = c1;
-        if (R->q.lo[r] >= R->q.hi[r]) continue;
-        if (R->q.lo[r] < R->q.ulo) R->q.ulo = R->q.lo[r];
-        if (R->q.hi[r] > R->q.uhi) R->q.uhi = R->q.hi[r];
     }
+    fa_tm_qrows_bounds(&R->q);
 }
 
 /* The rows' masks seen from key tile j0 (padding rows see nothing). */

@@ -47,6 +47,33 @@ FA_V_INLINE fa_vf fa_vsel(fa_vi m, fa_vf a, fa_vf b) {
 /* one instruction each, where the generic select costs a compare and a blend */
 FA_V_INLINE fa_vf fa_vmax(fa_vf a, fa_vf b) { return (fa_vf)_mm512_max_ps((__m512)a, (__m512)b); }
 FA_V_INLINE fa_vf fa_vmin(fa_vf a, fa_vf b) { return (fa_vf)_mm512_min_ps((__m512)a, (__m512)b); }
+
+/* r[t] <- column t of the 16 x 16 matrix of dwords whose rows are r[0..15]: pairs of dwords,
+   then pairs of qwords inside 128-bit lanes, then the lanes themselves. */
+FA_V_INLINE void fa_transpose16(__m512i r[16]) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    /* u[4g + k], lane L: column 4L + k of rows 4g .. 4g + 3 */
+    for (int g = 0; g < 16; g += 4) {
+        u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
+        u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
+        u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
+        u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
+    }
+    for (int k = 0; k < 4; k++) {
+        const __m512i s0 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x44);
+        const __m512i s1 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xee);
+        const __m512i s2 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x44);
+        const __m512i s3 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xee);
+        r[k] = _mm512_shuffle_i32x4(s0, s2, 0x88);
+        r[4 + k] = _mm512_shuffle_i32x4(s0, s2, 0xdd);
+        r[8 + k] = _mm512_shuffle_i32x4(s1, s3, 0x88);
+        r[12 + k] = _mm512_shuffle_i32x4(s1, s3, 0xdd);
+    }
+}
 #else
 FA_V_INLINE fa_vf fa_vmax(fa_vf a, fa_vf b) { return fa_vsel(a > b, a, b); }
 FA_V_INLINE fa_vf fa_vmin(fa_vf a, fa_vf b) { return fa_vsel(a < b, a, b); }
@@ -123,12 +150,22 @@ FA_V_INLINE fa_vf fa_vexp(fa_vf x) {
 #define FA_EXP2_C3 5.550328642e-2f
 #define FA_EXP2_C2 2.402264625e-1f
 #define FA_EXP2_C1 6.931471825e-1f
-FA_V_INLINE fa_vf fa_vexp_softmax(fa_vf x) {
+FA_V_INLINE fa_vf fa_vexp_softmax_by(fa_vf x, int flush) {
     fa_vf t = x * FA_LOG2E;
 #if defined(__AVX512F__)
-    /* max returns its second operand when either is NaN: t last keeps NaN */
-    t = (fa_vf)_mm512_max_ps(_mm512_set1_ps(-150.0f), (__m512)t);
-    const fa_vf n = (fa_vf)_mm512_roundscale_ps((__m512)t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    /* t > -125 (or NaN) is a normal result; with flush the other lanes are never formed, so
+       t needs no clamp (-inf lanes go NaN, then 0), and the 1.5 * 2^23 shifter (two adds on
+       either FMA port; vrndscaleps is two uops of one) rounds every lane that is kept */
+    const __mmask16 normal = _mm512_cmp_ps_mask((__m512)t, _mm512_set1_ps(-125.0f), _CMP_NLE_UQ);
+    fa_vf n;
+    if (flush) {
+        const fa_vf shifter = fa_vset1(12582912.0f);
+        n = (t + shifter) - shifter;
+    } else {
+        /* max returns its second operand when either is NaN: t last keeps NaN */
+        t = (fa_vf)_mm512_max_ps(_mm512_set1_ps(-150.0f), (__m512)t);
+        n = (fa_vf)_mm512_roundscale_ps((__m512)t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    }
 #else
     t = fa_vsel(t < -150.0f, fa_vset1(-150.0f), t); /* NaN compares false: kept */
     /* round to nearest by the 1.5 * 2^23 shifter, as in fa_vexp */
@@ -145,8 +182,10 @@ FA_V_INLINE fa_vf fa_vexp_softmax(fa_vf x) {
     p = p * f + FA_EXP2_C1;
     p = p * f + 1.0f;
 #if defined(__AVX512F__)
+    if (flush) return (fa_vf)_mm512_maskz_scalef_ps(normal, (__m512)p, (__m512)n);
     return (fa_vf)_mm512_scalef_ps((__m512)p, (__m512)n);
 #else
+    (void)flush;
     /* n in [-150, 0] (a little above for roundings): two normal factors, as fa_vexp */
     const fa_vi n1 = ni >> 1, n2 = ni - n1;
     const fa_vf e = p * (fa_vf)((n1 + 127) << 23) * (fa_vf)((n2 + 127) << 23);
@@ -154,9 +193,22 @@ FA_V_INLINE fa_vf fa_vexp_softmax(fa_vf x) {
 #endif
 }
 
+FA_V_INLINE fa_vf fa_vexp_softmax(fa_vf x) { return fa_vexp_softmax_by(x, 0); }
+
+/*
+ * The same, but results under 2^-125 are 0 on AVX-512 (elsewhere: fa_vexp_softmax): a
+ * subnormal or underflowing result costs a microcode assist of ~150 cycles per vector, and
+ * every masked (-inf) score of a causal diagonal tile took one (the d 64 causal forward spent
+ * ~10% there, bench/NOTES.md). Probabilities are relative to a row max of about 1, so what is
+ * flushed is far below any error the correctness rule sees. The kernels' exponentials use it;
+ * fa_vexp_softmax keeps the subnormal range that test_simd_exp checks.
+ */
+FA_V_INLINE fa_vf fa_vexp_softmax_ftz(fa_vf x) { return fa_vexp_softmax_by(x, 1); }
+
 /* dst[i] = exp(mul * src[i] - sub) for i < n, any n (the tail through a padded vector), by
-   fa_vexp_softmax when softmax (a softmax row: sub is its max or LSE) or fa_vexp; returns the
-   sum of the results. softmax is a constant at each call site. */
+   fa_vexp_softmax when softmax is 1 (a softmax row: sub is its max or LSE), by
+   fa_vexp_softmax_ftz when 2, or fa_vexp; returns the sum of the results. softmax is a
+   constant at each call site. */
 FA_V_INLINE float fa_vexp_row_by(float *dst, const float *src, int n, float mul, float sub,
                                  int softmax) {
     fa_vf acc = {0};
@@ -164,7 +216,7 @@ FA_V_INLINE float fa_vexp_row_by(float *dst, const float *src, int n, float mul,
     int i = 0;
     for (; i + FA_VW <= n; i += FA_VW) {
         const fa_vf x = fa_vload(src + i) * vm - vs;
-        const fa_vf e = softmax ? fa_vexp_softmax(x) : fa_vexp(x);
+        const fa_vf e = softmax ? fa_vexp_softmax_by(x, softmax == 2) : fa_vexp(x);
         fa_vstore(dst + i, e);
         acc += e;
     }
@@ -173,7 +225,8 @@ FA_V_INLINE float fa_vexp_row_by(float *dst, const float *src, int n, float mul,
     if (i < n) {
         float tmp[FA_VW];
         for (int l = 0; l < FA_VW; l++) tmp[l] = i + l < n ? mul * src[i + l] - sub : -INFINITY;
-        const fa_vf e = softmax ? fa_vexp_softmax(fa_vload(tmp)) : fa_vexp(fa_vload(tmp));
+        const fa_vf e =
+            softmax ? fa_vexp_softmax_by(fa_vload(tmp), softmax == 2) : fa_vexp(fa_vload(tmp));
         for (int l = 0; i + l < n; l++) {
             dst[i + l] = e[l];
             sum += e[l];
@@ -188,6 +241,11 @@ FA_V_INLINE float fa_vexp_row(float *dst, const float *src, int n, float mul, fl
 
 FA_V_INLINE float fa_vexp_softmax_row(float *dst, const float *src, int n, float mul, float sub) {
     return fa_vexp_row_by(dst, src, n, mul, sub, 1);
+}
+
+FA_V_INLINE float fa_vexp_softmax_ftz_row(float *dst, const float *src, int n, float mul,
+                                          float sub) {
+    return fa_vexp_row_by(dst, src, n, mul, sub, 2);
 }
 
 #endif /* FA_CPU_SIMD_H */
