@@ -18,10 +18,7 @@ ARGS=${ARGS:---batches 1 --cache-lens 8192,32768,131072 --checks off}
 mkdir -p "$OUT"
 S=$OUT/summary.txt
 : >"$S"
-STAGES=build OUT=/tmp/fa-build bash bench/gpu.sh >/tmp/fa-build.log 2>&1 ||
-  { tail -n 60 /tmp/fa-build.log; exit 1; }
-LIBDIR=$(dirname "$(find /tmp/deps -name 'libcmocka.so*' | head -n 1)")
-export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. bench/device_build.sh
 TOOL="$BUILD/tools/flashattn"
 (cd "$BUILD" && timeout -k 5 120 ctest -R kvcache --output-on-failure) >"$OUT/test.log" 2>&1
 echo "test_kvcache: exit $? ($(grep -E 'tests passed|tests failed' "$OUT/test.log"))" | tee -a "$S"

@@ -14,10 +14,7 @@ OUT=${OUT:-/tmp/fa-out}
 BUILD=${BUILD:-build-gpu}
 SHAPES=${SHAPES:-32:512:0 1:16384:0 8:2048:1}
 mkdir -p "$OUT"
-STAGES=build OUT=/tmp/fa-build bash bench/gpu.sh >/tmp/fa-build.log 2>&1 ||
-  { tail -n 60 /tmp/fa-build.log; exit 1; }
-LIBDIR=$(dirname "$(find /tmp/deps -name 'libcmocka.so*' | head -n 1)")
-export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. bench/device_build.sh
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 durations() { # report -> "name duration" lines
   "$NCU" --import "$1" --page details --csv 2>/dev/null | python3 -c '

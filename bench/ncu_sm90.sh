@@ -17,10 +17,7 @@ BUILD=${BUILD:-build-gpu}
 SCHEDULES=${SCHEDULES:-plain pingpong}
 SHAPE=${SHAPE:---batch 2 --heads 16 --head-dim 128 --seqlens 8192 --dtype bf16}
 mkdir -p "$OUT"
-STAGES=build OUT=/tmp/fa-build bash bench/gpu.sh >/tmp/fa-build.log 2>&1 ||
-  { tail -n 60 /tmp/fa-build.log; exit 1; }
-LIBDIR=$(dirname "$(find /tmp/deps -name 'libcmocka.so*' | head -n 1)")
-export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. bench/device_build.sh
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 [ -n "${PRE:-}" ] && { bash -c "$PRE" >"$OUT/pre.log" 2>&1; echo "pre: exit $?"; }
 for s in $SCHEDULES; do

@@ -24,11 +24,7 @@ mkdir -p "$OUT"
 S=$OUT/summary.txt
 export PYTHONUNBUFFERED=1
 
-STAGES=build COMMIT=$COMMIT OUT=/tmp/fa-build bash bench/gpu.sh >/tmp/fa-build.log 2>&1 ||
-  { tail -n 60 /tmp/fa-build.log; cp /tmp/fa-build.log "$OUT/bench.log"; exit 1; }
-# gpu.sh unpacked cmocka/cJSON under /tmp/deps; the test binaries need them at run time
-LIBDIR=$(dirname "$(find /tmp/deps -name 'libcmocka.so*' | head -n 1)")
-export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. bench/device_build.sh
 grep -E "^(date|nvcc|commit)|NVIDIA H" /tmp/fa-build.log | head -n 5 | tee "$S"
 
 # run_variant SPEC CMD...: CMD with the variant's variables set
