@@ -40,10 +40,13 @@ typedef struct fa_cpu_isa_ops {
     fa_cpu_kv_plan (*kv_plan)(const fa_problem *p, int threads);
     fa_cpu_tiles (*kv_tiles)(void);
     void (*kv)(const fa_problem *p, const fa_cpu_kv_plan *plan, void *ws);
-    /* x[i] = exp(x[i]) with the kernels' vector exponential, fa_vexp; and with the softmax's
-       cheaper one for exponents <= 0, fa_vexp_softmax (tests/test_simd_exp.c) */
+    /* x[i] = exp(x[i]) with the kernels' vector exponential, fa_vexp; with the softmax's
+       cheaper one for exponents <= 0, fa_vexp_softmax; and with the variant the kernels' softmax
+       runs, fa_vexp_softmax_ftz (results under 2^-125 flushed to 0 on AVX-512)
+       (tests/test_simd_exp.c) */
     void (*exp)(float *x, size_t n);
     void (*exp_softmax)(float *x, size_t n);
+    void (*exp_softmax_ftz)(float *x, size_t n);
     /* NULL for a complete level. Otherwise the level below, whose kernels serve every op left
        NULL here and every forward that fwd_takes (when set) refuses. */
     const struct fa_cpu_isa_ops *base;

@@ -17,6 +17,12 @@ static void vexp_softmax_array(float *x, size_t n) {
     if (i < n) fa_vexp_softmax_row(x + i, x + i, (int)(n - i), 1.0f, 0.0f);
 }
 
+static void vexp_softmax_ftz_array(float *x, size_t n) {
+    size_t i = 0;
+    for (; i + FA_VW <= n; i += FA_VW) fa_vstore(x + i, fa_vexp_softmax_ftz(fa_vload(x + i)));
+    if (i < n) fa_vexp_softmax_ftz_row(x + i, x + i, (int)(n - i), 1.0f, 0.0f);
+}
+
 const fa_cpu_isa_ops FA_ISA_FN(fa_cpu_isa_ops) = {
     .name = FA_ISA_NAME,
     .fwd_tiles = FA_ISA_FN(fa_cpu_fwd_tiled_tiles),
@@ -30,5 +36,6 @@ const fa_cpu_isa_ops FA_ISA_FN(fa_cpu_isa_ops) = {
     .kv = FA_ISA_FN(fa_cpu_fwd_kvcache),
     .exp = vexp_array,
     .exp_softmax = vexp_softmax_array,
+    .exp_softmax_ftz = vexp_softmax_ftz_array,
     /* complete: no base level, nothing refused */
 };
