@@ -47,11 +47,11 @@ static void pack_block(const fa_problem *p, const amx_pack *pk, uint16_t *stg, i
 
 /* The first key tile at or after j0 (a multiple of 32) that some query row of the tile sees;
    0 when there is none left. */
-static int find_tile(const qtile *q, const amx_pack *pk, size_t head0, int64_t j0, ktile *t) {
-    const fa_tm_qrows *rows = &q->r;
+static int find_tile(const fa_tm_qrows *rows, const amx_pack *pk, size_t head0, int64_t j0,
+                     ktile *t) {
     for (; j0 < rows->uhi; j0 += BK) {
         const int nk = rows->uhi - j0 < BK ? (int)(rows->uhi - j0) : BK;
-        const int kind = classify(q, j0, j0 + nk);
+        const int kind = fa_tm_classify(rows, j0, j0 + nk);
         if (kind == FA_TM_NONE) continue;
         t->j0 = j0;
         t->nk = nk;
@@ -77,9 +77,9 @@ static void amx_item(const fa_problem *p, const amx_pack *pk, int64_t b, int64_t
     amx_bufs B;
     amx_layout(dp, parts, ws, &B);
 
-    qtile q;
-    qtile_init(&q, p, i0, nq, sq, sk);
-    const fa_tm_qrows *rows = &q.r;
+    fa_tm_qrows q;
+    fa_tm_qrows_init(&q, p, i0, nq, sq, sk);
+    const fa_tm_qrows *rows = &q;
 
     load_q(p, &B, bq, q0 + i0, h, nq, nq32, dp, parts);
     memset(B.ot, 0, (size_t)dp * BQ * sizeof(float));

@@ -47,7 +47,7 @@ static void split_item(const fa_problem *p, int64_t b, int64_t h, int64_t t0, co
     const int parts = SPLIT_PARTS;
     const int64_t bq = p->cu_q ? 0 : b, hk = h / p->group;
     const float slope = fa_alibi_slope(p, b, h);
-    qtile q[GQ];
+    fa_tm_qrows q[GQ];
     int nq[GQ], nq32[GQ], n = 0;
     int64_t lo = INT64_MAX, hi = INT64_MIN; /* keys some row of the tiles sees */
     for (; n < GQ && (t0 + n) * BQ < sq; n++) {
@@ -55,16 +55,16 @@ static void split_item(const fa_problem *p, int64_t b, int64_t h, int64_t t0, co
         const amx_bufs *B = &w->b[n];
         nq[n] = sq - i0 < BQ ? (int)(sq - i0) : BQ;
         nq32[n] = pad32(nq[n]);
-        qtile_init(&q[n], p, i0, nq[n], sq, sk);
+        fa_tm_qrows_init(&q[n], p, i0, nq[n], sq, sk);
         load_q(p, B, bq, q0 + i0, h, nq[n], nq32[n], dp, parts);
         memset(B->ot, 0, (size_t)dp * BQ * sizeof(float));
         for (int i = 0; i < BQ; i++) {
             B->m[i] = -INFINITY;
             B->l[i] = 0.0f;
         }
-        if (q[n].r.ulo < q[n].r.uhi) {
-            if (q[n].r.ulo < lo) lo = q[n].r.ulo;
-            if (q[n].r.uhi > hi) hi = q[n].r.uhi;
+        if (q[n].ulo < q[n].uhi) {
+            if (q[n].ulo < lo) lo = q[n].ulo;
+            if (q[n].uhi > hi) hi = q[n].uhi;
         }
     }
     /* key tiles start on 32-key blocks; keys before a tile's ulo are masked out */
@@ -73,13 +73,13 @@ static void split_item(const fa_problem *p, int64_t b, int64_t h, int64_t t0, co
         ktile t[GQ];
         int any = 0;
         for (int g = 0; g < n; g++) {
-            const int64_t uhi = q[g].r.uhi;
+            const int64_t uhi = q[g].uhi;
             t[g].kind = FA_TM_NONE;
-            if (q[g].r.ulo >= uhi || j0 >= uhi) continue;
+            if (q[g].ulo >= uhi || j0 >= uhi) continue;
             t[g].j0 = j0;
             t[g].nk = uhi - j0 < nk ? (int)(uhi - j0) : nk;
             t[g].nk32 = pad32(t[g].nk);
-            t[g].kind = classify(&q[g], j0, j0 + t[g].nk);
+            t[g].kind = fa_tm_classify(&q[g], j0, j0 + t[g].nk);
             t[g].k = w->k;
             t[g].vt = w->vt;
             any |= t[g].kind != FA_TM_NONE;
@@ -106,7 +106,7 @@ static void split_item(const fa_problem *p, int64_t b, int64_t h, int64_t t0, co
     float *lse = (float *)p->lse;
     for (int g = 0; g < n; g++) {
         const int64_t i0 = (t0 + g) * BQ;
-        const fa_tm_qrows *rows = &q[g].r;
+        const fa_tm_qrows *rows = &q[g];
         store_out(p, &w->b[g], rows, bq, q0 + i0, h, nq[g]);
         /* m + log(l) in double: under the lazy max (fwd_amx_tile.h) m can lie up to LAZY below
            the row's max, and logf(l) of such an l (up to e^8 n) would err by half an ulp of

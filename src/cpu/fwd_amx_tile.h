@@ -446,33 +446,20 @@ AMX_FN void store_out(const fa_problem *p, const amx_bufs *B, const fa_tm_qrows 
 
 /* ---- one work item ---- */
 
-/* The query rows of a work item (fa_tm_classify finds the common cases from their bounds). */
-typedef struct qtile {
-    fa_tm_qrows r;
-} qtile;
-
-AMX_FN void qtile_init(qtile *q, const fa_problem *p, int64_t i0, int nq, int64_t sq, int64_t sk) {
-    fa_tm_qrows_init(&q->r, p, i0, nq, sq, sk);
-}
-
-FA_TM_INLINE int classify(const qtile *q, int64_t j0, int64_t j1) {
-    return fa_tm_classify(&q->r, j0, j1);
-}
-
 /* One strip of a key tile: keys [s, s + 32) of tile t. Scores, then masks, softcap and
    ALiBi where they apply (which then carry the scale, see the top); returns the multiplier
    its exponentials take, or 0 when no query row sees any of its keys. */
-AMX_FN float strip_scores(const fa_problem *p, const qtile *q, const amx_bufs *B,
+AMX_FN float strip_scores(const fa_problem *p, const fa_tm_qrows *q, const amx_bufs *B,
                           const ktile *t, int s, float slope, int nq, int nq32, int dp,
                           int parts) {
     const int ns = t->nk - s < KS ? t->nk - s : KS;
-    const int kind = classify(q, t->j0 + s, t->j0 + s + ns);
+    const int kind = fa_tm_classify(q, t->j0 + s, t->j0 + s + ns);
     if (kind == FA_TM_NONE) return 0.0f;
     for (int qb = 0; qb < nq32; qb += 32) scores_block(t, B, s, qb, dp, parts);
     AMX_FENCE();
     if (!fa_tm_needs_transform(kind, p->softcap, slope)) return p->scale;
     fa_tm_rel rel;
-    fa_tm_rel_init(&rel, &q->r, t->j0 + s);
+    fa_tm_rel_init(&rel, q, t->j0 + s);
     /* padding columns (i >= nq) stay 0 */
     fa_tm_scores_kmajor(B->st, NULL, ns, nq, &rel, p->scale, p->softcap, slope,
                         kind == FA_TM_PARTIAL);
@@ -511,7 +498,7 @@ AMX_FN void fetch_rows(const row_fetch *f, int64_t r0, int64_t r1) {
  * strip moves the running max the strips before it are accumulated first, so that the
  * rescale covers them.
  */
-AMX_FN void key_tile(const fa_problem *p, const qtile *q, const amx_bufs *B,
+AMX_FN void key_tile(const fa_problem *p, const fa_tm_qrows *q, const amx_bufs *B,
                      const ktile *t, float slope, int nq, int nq32, int dp, int parts,
                      const row_fetch *f) {
     int done = 0; /* keys of the tile already in the accumulator */
