@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# bench/sm90_try.sh — one device call that tries variants of the Hopper forward against each
-# other (issue 7): build (gpu.sh's build stage); for each variant the forward test sweep on the
-# GPU, once with the default grid and once with a persistent grid of 3 blocks (every block
-# loops over tiles), verbose so that the log names the kernel of every case; then the forward
-# bench sweep of each variant; the peers (SDPA cuDNN and flash) once; one table of all variants
-# beside the peers (bench/variants.py).
+# bench/sm90_try.sh — one device call that tries variants of a Hopper kernel against each other
+# (OP=fwd, the default: the forward, issue 7; OP=bwd: the backward): build (gpu.sh's build
+# stage); for each variant the op's test sweep on the GPU (the forward's once with the default
+# grid and once with a persistent grid of 3 blocks, so that every block loops over tiles),
+# verbose so that the log names the kernel of every case; then the op's bench sweep of each
+# variant; the peers (SDPA cuDNN and flash) once; one table of all variants beside the peers
+# (bench/variants.py).
 #
 #   run(command="COMMIT=<sha> bash bench/sm90_try.sh", carry=[".deps"], timeout_s=600)
 #
-# Environment: VARIANTS, space-separated NAME=VAR=VALUE[,VAR=VALUE...] (the bring-up
-# switches of fwd_sm90.cu; default "default=FLASHATTN_SM90_SCHEDULE=overlap"), SWEEP_ARGS (both
+# Environment: OP (fwd or bwd), VARIANTS, space-separated NAME=VAR=VALUE[,VAR=VALUE...] (the
+# bring-up switches of fwd_sm90.cu, FLASHATTN_CUDA_SM90_BWD=0 for the sm80 backward; default
+# "default=FLASHATTN_SM90_SCHEDULE=overlap"), SWEEP_ARGS (both
 # sides, default the whole forward sweep), TEST=0 skips the tests, PEERS=0 the peers, EXTRA (a
 # command run last, output in extra.log).
 # Files back: summary.txt variants.md tests.log bench.log peers.json ours.json extra.log.
@@ -20,6 +22,9 @@ BUILD=${BUILD:-build-gpu}
 VARIANTS=${VARIANTS:-default=FLASHATTN_SM90_SCHEDULE=overlap}
 SWEEP_ARGS=${SWEEP_ARGS:-}
 COMMIT=${COMMIT:-unknown}
+OP=${OP:-fwd}
+GRIDS="persistent 3"
+[ "$OP" = fwd ] || GRIDS=persistent
 mkdir -p "$OUT"
 S=$OUT/summary.txt
 export PYTHONUNBUFFERED=1
@@ -37,14 +42,14 @@ run_variant() {
 }
 if [ "${TEST:-1}" = 1 ]; then
   for v in $VARIANTS; do
-    for g in persistent 3; do
-      echo "=== test_fwd cuda, variant $v, grid $g" >>"$OUT/tests.log"
+    for g in $GRIDS; do
+      echo "=== test_$OP cuda, variant $v, grid $g" >>"$OUT/tests.log"
       FLASHATTN_SM90_GRID=$g FLASHATTN_TEST_VERBOSE=1 run_variant "$v" \
-        timeout -k 5 150 "$BUILD/tests/test_fwd" cuda >/tmp/t.log 2>&1
+        timeout -k 5 150 "$BUILD/tests/test_$OP" cuda >/tmp/t.log 2>&1
       rc=$?
       cat /tmp/t.log >>"$OUT/tests.log"
-      echo "test_fwd ${v%%=*} grid $g: exit $rc; $(grep -c '^\[       OK' /tmp/t.log) OK," \
-        "$(grep -c '^\[  FAILED' /tmp/t.log) FAILED; cases on sm90: $(grep -c 'fwd sm90_fwd' /tmp/t.log)" | tee -a "$S"
+      echo "test_$OP ${v%%=*} grid $g: exit $rc; $(grep -c '^\[       OK' /tmp/t.log) OK," \
+        "$(grep -c '^\[  FAILED' /tmp/t.log) FAILED; cases on sm90: $(grep -c "$OP sm90_$OP" /tmp/t.log)" | tee -a "$S"
     done
   done
 fi
@@ -53,14 +58,14 @@ for v in $VARIANTS; do
   n=${v%%=*}
   echo "=== bench $v" >>"$OUT/bench.log"
   # shellcheck disable=SC2086
-  run_variant "$v" timeout -k 5 200 "$BUILD/tools/flashattn" bench --backend cuda --sweep --op fwd \
+  run_variant "$v" timeout -k 5 200 "$BUILD/tools/flashattn" bench --backend cuda --sweep --op "$OP" \
     $SWEEP_ARGS --json "/tmp/ours_$n.json" >>"$OUT/bench.log" 2>&1
   echo "bench $n: exit $?" | tee -a "$S"
   variants+=("$n=/tmp/ours_$n.json")
 done
 if [ "${PEERS:-1}" = 1 ]; then
   # shellcheck disable=SC2086
-  timeout -k 5 200 python3 bench/peers.py --op fwd $SWEEP_ARGS --json "$OUT/peers.json" >>"$OUT/bench.log" 2>&1
+  timeout -k 5 200 python3 bench/peers.py --op "$OP" $SWEEP_ARGS --json "$OUT/peers.json" >>"$OUT/bench.log" 2>&1
   echo "peers: exit $?" | tee -a "$S"
 fi
 python3 - "$OUT/ours.json" /tmp/ours_*.json <<'PY'

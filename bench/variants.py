@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Sets several runs of our forward sweep (kernel variants, e.g. the Hopper schedules) beside
+"""Sets several runs of our sweep of one op (kernel variants, e.g. the Hopper schedules) beside
 the peers' run in one markdown table: TFLOP/s per variant, the peers', and each variant's ratio
-to cuDNN, row by row, with the geometric means last. For A/B comparisons inside one device
+to cuDNN and to FlashAttention-2 (flash), row by row, with the geometric means last. For A/B comparisons inside one device
 call (bench/sm90_try.sh); the committed per-issue tables come from table.py.
 
     python3 bench/variants.py peers.json plain=ours_plain.json pingpong=ours_pingpong.json
@@ -37,9 +37,11 @@ def main(argv):
                 rows.setdefault(key(r), {})[name] = r["tflops"]
     names = [n for n, _ in variants]
     print("| d | seqlen | causal | " + " | ".join(names) + " | flash | cudnn | " +
-          " | ".join("%s/cudnn" % n for n in names) + " |")
-    print("|---|---|---|" + "---:|" * (2 * len(names) + 2))
+          " | ".join("%s/cudnn" % n for n in names) + " | " +
+          " | ".join("%s/flash" % n for n in names) + " |")
+    print("|---|---|---|" + "---:|" * (3 * len(names) + 2))
     logs = {n: [] for n in names}
+    logs_fl = {n: [] for n in names}
     for k in sorted(rows, key=lambda k: (k[1], k[4], k[2])):
         cud, fl = peer.get((k, "cudnn")), peer.get((k, "flash"))
         cells = ["%.1f" % rows[k][n] if n in rows[k] else "–" for n in names]
@@ -50,12 +52,19 @@ def main(argv):
                 logs[n].append(math.log(rows[k][n] / cud))
             else:
                 ratios.append("–")
+        for n in names:
+            if n in rows[k] and fl:
+                ratios.append("%.2f" % (rows[k][n] / fl))
+                logs_fl[n].append(math.log(rows[k][n] / fl))
+            else:
+                ratios.append("–")
         print("| %d | %d | %s | %s | %s | %s | %s |" % (
             k[1], k[2], "yes" if k[4] else "no", " | ".join(cells),
             "%.1f" % fl if fl else "–", "%.1f" % cud if cud else "–", " | ".join(ratios)))
     print()
-    print("Geometric mean of ours/cudnn: " + ", ".join(
-        "%s %.3f (%d rows)" % (n, math.exp(sum(v) / len(v)), len(v)) for n, v in logs.items() if v))
+    for peer_name, lg in (("cudnn", logs), ("flash", logs_fl)):
+        print("Geometric mean of ours/%s: " % peer_name + ", ".join(
+            "%s %.3f (%d rows)" % (n, math.exp(sum(v) / len(v)), len(v)) for n, v in lg.items() if v))
     return 0
 
 

@@ -130,6 +130,7 @@ typedef struct tk_case {
     int32_t lens_q[TK_MAX_BATCH], lens_k[TK_MAX_BATCH];
     int strided;              /* 1: non-contiguous q, k, v, o, lse (and grads) */
     int bwd;                  /* 1: also check dq, dk, dv */
+    int deterministic;        /* fa_params.deterministic (the CUDA backward's dQ without atomics) */
 } tk_case;
 
 /* ALiBi slopes for a case (TK_ALIBI_HEAD or TK_ALIBI_BATCH): malloc'd, *len values, rows

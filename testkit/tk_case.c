@@ -123,6 +123,7 @@ void tk_case_format(const tk_case *c, char *buf, size_t len) {
     if (c->alibi) PUT(" alibi-%s", c->alibi == TK_ALIBI_BATCH ? "batch" : "head");
     if (c->strided) PUT(" strided");
     if (c->bwd) PUT(" +bwd");
+    if (c->deterministic) PUT(" det");
 #undef PUT
     snprintf(buf, len, "%s", tmp);
 }
@@ -181,6 +182,7 @@ static int problem_init(problem *pb, const tk_case *c, tk_rng *r, char *err, siz
         p->window_right = c->wr;
     }
     p->softcap = c->softcap;
+    p->deterministic = c->deterministic;
     if (c->varlen) {
         int64_t mq = 0, mk = 0;
         for (int b = 0; b < c->batch; b++) {

@@ -115,6 +115,24 @@ static const tk_case bwd_cases[] = {
      .lens_k = {0, 12, 33, 64}, .alibi = TK_ALIBI_BATCH, .bwd = 1},
     {SHAPE("d256-decode", 1, 1, 17, 4, 4, 256, F32), .strided = 1, .bwd = 1},
     {SHAPE("gqa8-diagonal", 1, 17, 17, 16, 2, 64, BF16), WIN(0, 0), .bwd = 1},
+    /* shapes the sm90 backward takes (d 64/128, 16-bit): several key tiles (128) and query
+       tiles (64 rows at d 128, 128 at d 64), partial ones, so that blocks loop over the
+       Q/dO ring and the dS buffers; GQA (and a split group: MQA with few key tiles), masks,
+       softcap, ALiBi, varlen */
+    {SHAPE("d128-gqa-tiles", 2, 200, 300, 4, 2, 128, BF16), .bwd = 1},
+    {SHAPE("d128-causal-sq<sk", 1, 130, 257, 2, 1, 128, F16), .causal = 1, .strided = 1,
+     .bwd = 1},
+    {SHAPE("d64-causal-sq>sk", 2, 300, 140, 2, 2, 64, BF16), .causal = 1, .bwd = 1},
+    {SHAPE("d64-mqa-softcap-alibi", 1, 260, 200, 4, 1, 64, F16), .softcap = 2.0f,
+     .alibi = TK_ALIBI_HEAD, .bwd = 1},
+    {VARLEN("d128-varlen-window", 3, 4, 2, 128, BF16), .lens_q = {150, 0, 70},
+     .lens_k = {200, 33, 130}, WIN(40, 10), .bwd = 1},
+    {SHAPE("d128-peaked-causal", 1, 200, 200, 2, 2, 128, F16), .scale = 1.0f, .causal = 1,
+     .bwd = 1},
+    {SHAPE("d128-det-gqa", 2, 150, 200, 4, 2, 128, BF16), .causal = 1, .deterministic = 1,
+     .bwd = 1},
+    {SHAPE("d64-det-window", 1, 200, 300, 2, 2, 64, F16), WIN(50, 50), .deterministic = 1,
+     .bwd = 1},
 };
 
 const tk_case *tk_fwd_cases(size_t *count) {

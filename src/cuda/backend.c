@@ -202,9 +202,14 @@ static void record(fa_context *ctx, const char *op, const fa_cuda_launch *l, siz
 
 /* On sm_90 the Hopper forward is the preferred kernel for the head dims it has;
    FLASHATTN_CUDA_SM90=0 turns it off (the sm80 kernels then run there too, e.g. to test them). */
-static int sm90_fwd_enabled(void) {
-    const char *e = getenv("FLASHATTN_CUDA_SM90");
-    return !(e && strcmp(e, "0") == 0);
+static int env_off(const char *name) {
+    const char *e = getenv(name);
+    return e && strcmp(e, "0") == 0;
+}
+static int sm90_fwd_enabled(void) { return !env_off("FLASHATTN_CUDA_SM90"); }
+/* The Hopper backward likewise; FLASHATTN_CUDA_SM90_BWD=0 turns off only it (A/B runs). */
+static int sm90_bwd_enabled(void) {
+    return !env_off("FLASHATTN_CUDA_SM90") && !env_off("FLASHATTN_CUDA_SM90_BWD");
 }
 
 /* The varlen check's results, and on sm_90 the persistent grid's tile counter. */
@@ -264,9 +269,23 @@ static fa_status cuda_bwd(fa_context *ctx, const fa_problem *pin, void *ws, size
     if (need > l.ws_bytes)
         return fa_fail(ctx, FA_ERR_INTERNAL, "fa_bwd: workspace of %zu bytes, kernels need %zu",
                        l.ws_bytes, need);
-    fa_status st = fa_sm80_bwd(&p, &l);
-    if (st != FA_OK) return fa_fail(ctx, st, "fa_bwd: %s", l.msg);
+    char why[sizeof l.msg] = "";
+    fa_status st = FA_ERR_UNSUPPORTED;
+    /* sm_90: the Hopper main kernel where it has the head dim; declining is a recorded
+       fallback (an error in strict mode), as for the forward */
+    if (l.cc == 90 && sm90_bwd_enabled() && fa_sm90_bwd_covers(&p)) {
+        st = fa_sm90_bwd(&p, &l);
+        if (st == FA_ERR_UNSUPPORTED && ctx->strict)
+            return fa_fail(ctx, st, "fa_bwd: strict mode: %s", l.msg);
+        if (st == FA_ERR_UNSUPPORTED) snprintf(why, sizeof why, "%s", l.msg);
+        else if (st != FA_OK) return fa_fail(ctx, st, "fa_bwd: %s", l.msg);
+    }
+    if (st != FA_OK) {
+        st = fa_sm80_bwd(&p, &l);
+        if (st != FA_OK) return fa_fail(ctx, st, "fa_bwd: %s", l.msg);
+    }
     record(ctx, "bwd", &l, WS_HEAD + need);
+    if (why[0]) snprintf(ctx->sel.reason, sizeof ctx->sel.reason, "%s", why);
     return FA_OK;
 }
 
@@ -408,9 +427,11 @@ static const char *const k_dts[] = {"f16", "bf16", "f32"};
 #define N_ATTN (N_OPS * N_DIMS * 2)
 static const int k_sm90_dims[] = {64, 128, 256};
 #define N_SM90 ((int)(sizeof k_sm90_dims / sizeof k_sm90_dims[0]) * 2)
-static char g_names[N_ATTN + 3 + N_SM90][40];
+static const int k_sm90_bwd_dims[] = {64, 128};
+#define N_SM90_BWD ((int)(sizeof k_sm90_bwd_dims / sizeof k_sm90_bwd_dims[0]) * 2)
+static char g_names[N_ATTN + 3 + N_SM90 + N_SM90_BWD][40];
 
-int fa_cuda_kernel_count(void) { return N_ATTN + 3 + N_SM90; }
+int fa_cuda_kernel_count(void) { return N_ATTN + 3 + N_SM90 + N_SM90_BWD; }
 
 const char *fa_cuda_kernel_name(int i) {
     if (i < 0 || i >= fa_cuda_kernel_count()) return NULL;
@@ -420,9 +441,13 @@ const char *fa_cuda_kernel_name(int i) {
                      k_dims[(i / 2) % N_DIMS], k_dts[i % 2]);
         else if (i < N_ATTN + 3)
             snprintf(g_names[i], sizeof g_names[i], "sm80_merge_attn_%s", k_dts[i - N_ATTN]);
-        else
+        else if (i < N_ATTN + 3 + N_SM90)
             snprintf(g_names[i], sizeof g_names[i], "sm90_fwd_d%d_%s",
                      k_sm90_dims[(i - N_ATTN - 3) / 2], k_dts[(i - N_ATTN - 3) % 2]);
+        else
+            snprintf(g_names[i], sizeof g_names[i], "sm90_bwd_d%d_%s",
+                     k_sm90_bwd_dims[(i - N_ATTN - 3 - N_SM90) / 2],
+                     k_dts[(i - N_ATTN - 3 - N_SM90) % 2]);
     }
     return g_names[i];
 }

@@ -1,6 +1,7 @@
 /*
  * cuda/bwd_sm80.cu — fa_sm80_bwd and its workspace: the FlashAttention-2 backward on sm_80+
- * (mma.sync m16n8k16, ldmatrix, cp.async; no CUTLASS).
+ * (mma.sync m16n8k16, ldmatrix, cp.async; no CUTLASS); and fa_sm90_bwd, the same passes with
+ * the Hopper main kernel (bwd_sm90.cuh: wgmma, TMA) in place of step 2 for d 64 and 128.
  *
  * Kernels, in stream order:
  *   1. pre (bwd_sm80_aux.cu): D_i = rowsum(dO * O) and LSE * log2(e) per query row into the
@@ -44,6 +45,7 @@
 #include <stdio.h>
 
 #include "bwd_sm80.cuh"
+#include "bwd_sm90.cuh"
 
 namespace {
 
@@ -144,11 +146,25 @@ extern "C" size_t fa_sm80_bwd_workspace(const fa_problem *p, const fa_cuda_launc
     return make_plan(p, l).bytes;
 }
 
-extern "C" fa_status fa_sm80_bwd(const fa_problem *p, fa_cuda_launch *l) {
-    const Plan pl = make_plan(p, l);
+/* The backward's kernels in order; hopper: the main kernel is bwd_sm90.cuh's, which first
+   checks that it can take p (FA_ERR_UNSUPPORTED with the reason, nothing queued, if not). */
+static fa_status run_bwd(const fa_problem *p, fa_cuda_launch *l, bool hopper) {
+    Plan pl = make_plan(p, l);
     const bool det = p->deterministic != 0;
-    snprintf(l->kernel, sizeof l->kernel, "sm80_bwd_d%d_%s%s%s", pl.D, fa_dtype_name(p->dtype),
-             fa_cuda_mask_name(p), det ? "_det" : "");
+    Sm90Args g;
+    if (hopper) {
+        int bm = 0;
+        const char *why = sm90_bwd_prepare(p, l, &g, &bm);
+        if (why) {
+            snprintf(l->msg, sizeof l->msg, "the sm90 backward does not take %s", why);
+            return FA_ERR_UNSUPPORTED;
+        }
+        pl.sm90 = true;
+        pl.bm = bm;
+        pl.bn = 128;
+    }
+    snprintf(l->kernel, sizeof l->kernel, "%s_bwd_d%d_%s%s%s", hopper ? "sm90" : "sm80", pl.D,
+             fa_dtype_name(p->dtype), fa_cuda_mask_name(p), det ? "_det" : "");
     l->tile_q = pl.bm;
     l->tile_k = pl.bn;
     l->threads = 256;
@@ -206,6 +222,11 @@ extern "C" fa_status fa_sm80_bwd(const fa_problem *p, fa_cuda_launch *l) {
     const cudaStream_t st = (cudaStream_t)l->stream;
     cudaError_t e = run_pre(a, pl, p->dtype, !det, st);
     if (e != cudaSuccess) return fail(l, e, "pre");
+    if (hopper) {
+        g.a = a;
+        e = run_sm90_main(g, p->dtype, det, st);
+        if (e != cudaSuccess) return fail(l, e, "main");
+    }
     switch (pl.D) {
     case 32: e = run_d32(a, pl, p->dtype, det, st); break;
     case 64: e = run_d64(a, pl, p->dtype, det, st); break;
@@ -225,3 +246,7 @@ extern "C" fa_status fa_sm80_bwd(const fa_problem *p, fa_cuda_launch *l) {
     }
     return FA_OK;
 }
+
+extern "C" fa_status fa_sm80_bwd(const fa_problem *p, fa_cuda_launch *l) { return run_bwd(p, l, false); }
+extern "C" fa_status fa_sm90_bwd(const fa_problem *p, fa_cuda_launch *l) { return run_bwd(p, l, true); }
+extern "C" int fa_sm90_bwd_covers(const fa_problem *p) { return fa::bwd::sm90_bwd_covers(p); }

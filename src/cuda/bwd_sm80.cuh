@@ -219,6 +219,7 @@ template <> struct Tiles<256> {
 /* Which configuration a launch uses, and the workspace it needs. */
 struct Plan {
     int D;
+    bool sm90;        /* the main kernel is the Hopper one (bwd_sm90.cuh): run_d<D> skips its own */
     int cfg;          /* 0 Big, 1 Mid, 2 Small; -1: nothing fits the device */
     int bm, bn;       /* main kernel tiles */
     size_t smem;      /* main kernel dynamic shared memory */
@@ -231,8 +232,8 @@ struct Plan {
     size_t off_dsum, off_lse2, off_dq, off_dk, off_dv, bytes;
 };
 
-/* Per head dim: queues the main kernel (and, when deterministic, the dQ kernel) for plan.cfg.
-   Defined in bwd_sm80_d<D>.cu. */
+/* Per head dim: queues the main kernel (unless plan.sm90) and, when deterministic, the dQ
+   kernel for plan.cfg. Defined in bwd_sm80_d<D>.cu. */
 #define FA_BWD_RUN_DECL(D)                                                                    \
     cudaError_t run_d##D(const BwdArgs &a, const Plan &pl, fa_dtype dt, bool det,             \
                          cudaStream_t st);

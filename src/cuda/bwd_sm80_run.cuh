@@ -1,7 +1,7 @@
 /*
  * cuda/bwd_sm80_run.cuh — the per-head-dim entry run_d<D> (declared in bwd_sm80.cuh): picks
- * the configuration the plan chose and the dtype, queues the main kernel and, in
- * deterministic mode, the dQ kernel. Each bwd_sm80_d<D>.cu expands it once, so the head dims
+ * the configuration the plan chose and the dtype, queues the main kernel (unless the Hopper
+ * one runs instead) and, in deterministic mode, the dQ kernel. Each bwd_sm80_d<D>.cu expands it once, so the head dims
  * compile in parallel.
  */
 #ifndef FA_CUDA_BWD_SM80_RUN_CUH
@@ -21,12 +21,12 @@ cudaError_t run_cfg(const BwdArgs &a, bool det, cudaStream_t st) {
 template <typename T, int D>
 cudaError_t run_dim(const BwdArgs &a, const Plan &pl, bool det, cudaStream_t st) {
     using TL = Tiles<D>;
-    cudaError_t e;
-    switch (pl.cfg) {
-    case 0: e = run_cfg<T, typename TL::Big>(a, det, st); break;
-    case 1: e = run_cfg<T, typename TL::Mid>(a, det, st); break;
-    default: e = run_cfg<T, typename TL::Small>(a, det, st); break;
-    }
+    cudaError_t e = cudaSuccess;
+    if (!pl.sm90) switch (pl.cfg) {
+        case 0: e = run_cfg<T, typename TL::Big>(a, det, st); break;
+        case 1: e = run_cfg<T, typename TL::Mid>(a, det, st); break;
+        default: e = run_cfg<T, typename TL::Small>(a, det, st); break;
+        }
     if (e != cudaSuccess || !det) return e;
     return pl.dq_cfg == 0 ? launch_dq<T, typename TL::Dq>(a, st)
                           : launch_dq<T, typename TL::DqSmall>(a, st);

@@ -2,46 +2,15 @@
  * cuda/fwd_sm90.cu — the host side of the Hopper forward (kernel: fwd_sm90.cuh): the tensor
  * maps, what the kernel refuses, the work-tile parameters, the bring-up switches and the launch.
  */
-#include <cudaTypedefs.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fwd_sm90.cuh"
+#include "tma_map.cuh"
 
 namespace fa {
 namespace sm90 {
-
-/* cuTensorMapEncodeTiled, through the runtime (the library links no libcuda) */
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-    if (!fn) {
-        void *p = nullptr;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
-                                             &q) == cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
-    }
-    return fn;
-}
-
-/* The 4-D map (d, head, token, batch) of a BSHD operand, boxes of 64 columns x `rows`. */
-CUresult make_map(CUtensorMap *m, const fa_operand *op, fa_dtype dt, int64_t d, int64_t heads,
-                  int64_t tokens, int64_t batch, int rows) {
-    const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)heads, (cuuint64_t)tokens,
-                                (cuuint64_t)batch};
-    /* a dimension of length 1 is never stepped, and its stride may come as anything (0
-       included, which the encoder refuses): give it the packed one */
-    const int64_t sh = heads > 1 ? op->sh : d, sb = batch > 1 ? op->sb : op->st * tokens;
-    const cuuint64_t strides[3] = {(cuuint64_t)sh * 2, (cuuint64_t)op->st * 2, (cuuint64_t)sb * 2};
-    const cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1}, estr[4] = {1, 1, 1, 1};
-    const CUtensorMapDataType type =
-        dt == FA_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    return encode_fn()(m, type, 4, op->data, dims, strides, box, estr,
-                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-}
 
 /* The kernel dimension for p's head dim, 0 for none. */
 int kernel_dim(int64_t d) { return d == 64 || d == 128 || d == 256 ? (int)d : 0; }

@@ -44,10 +44,6 @@
 #include "score_mods.cuh"
 #include "wgmma.cuh"
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define FA_SM90A_DEVICE 1
-#endif
-
 namespace fa {
 namespace sm90 {
 
@@ -147,18 +143,6 @@ __device__ __forceinline__ bool tile_of(const Args &a, int t, Tile &w) {
     w.t_first = n_lo / BN;
     w.ntiles = n_hi > n_lo ? (n_hi - 1) / BN - w.t_first + 1 : 0;
     return true;
-}
-
-__device__ __forceinline__ void st_shared_s32(uint32_t addr, int v) {
-    asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
-__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
-    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
-__device__ __forceinline__ int ld_shared_s32(uint32_t addr) {
-    int v;
-    asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
-    return v;
 }
 
 template <typename T, typename C, int SCHED>

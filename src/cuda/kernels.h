@@ -74,6 +74,11 @@ int fa_sm90_fwd_covers(const fa_problem *p);
    GQA dK/dV accumulators, ...), and the launch of its kernels in order on l->stream. */
 size_t fa_sm80_bwd_workspace(const fa_problem *p, const fa_cuda_launch *l);
 fa_status fa_sm80_bwd(const fa_problem *p, fa_cuda_launch *l);
+/* The same with the Hopper main kernel (cuda/bwd_sm90.cuh) and the same workspace, for the
+   head dims fa_sm90_bwd_covers; FA_ERR_UNSUPPORTED, with the reason in l->msg and nothing
+   queued, for a problem or GPU it does not take. */
+fa_status fa_sm90_bwd(const fa_problem *p, fa_cuda_launch *l);
+int fa_sm90_bwd_covers(const fa_problem *p);
 
 #ifdef __cplusplus
 }

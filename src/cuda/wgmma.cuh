@@ -3,7 +3,7 @@
  * mbarrier waits and transaction counts, the bulk tensor copy (TMA), warpgroup matrix
  * multiply-accumulate (wgmma) with its shared-memory descriptors, and the register hand-off
  * between warpgroups (setmaxnreg). Only the sm_90a compilation pass may call them (their PTX
- * does not exist on earlier targets); fwd_sm90.cuh guards its kernel body accordingly.
+ * does not exist on earlier targets): the sm90 kernels' bodies sit under FA_SM90A_DEVICE.
  */
 #ifndef FA_CUDA_WGMMA_CUH
 #define FA_CUDA_WGMMA_CUH
@@ -12,6 +12,10 @@
 #include <stdint.h>
 
 #include "ptx.cuh"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FA_SM90A_DEVICE 1
+#endif
 
 namespace fa {
 namespace sm90 {
@@ -57,6 +61,13 @@ __device__ __forceinline__ void tma_load4(uint32_t dst, const CUtensorMap *map, 
         : "memory");
 }
 
+/* ---- bulk copy of `bytes` contiguous bytes (16-byte aligned, a multiple of 16) ---- */
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+        "l"(src), "r"(bytes), "r"(bar)
+        : "memory");
+}
 
 /* ---- bulk tensor copy out: shared memory into box (c0, c1, c2, c3) of a 4-D tensor map,
    in the issuing thread's bulk async-group. The map clips rows past the tensor's end. The
@@ -79,6 +90,20 @@ __device__ __forceinline__ void bulk_wait_read() {
 __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 __device__ __forceinline__ void fence_async_smem() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+/* ---- shared-memory words by address ---- */
+
+__device__ __forceinline__ void st_shared_s32(uint32_t addr, int v) {
+    asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ int ld_shared_s32(uint32_t addr) {
+    int v;
+    asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+    return v;
 }
 
 /* ---- registers between warpgroups ---- */
@@ -143,6 +168,7 @@ template <int N> __device__ __forceinline__ void wg_pin(uint32_t (&a)[N][4]) {
  * d (64 x N fp32: the warpgroup's accumulator, N / 2 registers a thread in the m16n8 C layout
  * of each warp's 16 rows) += A (64 x 16) B (16 x N):
  *   ss: A and B in shared memory, both K-major (descriptors);
+ *   ss_t: A and B in shared memory, both MN-major (imm-trans-a 1, imm-trans-b 1);
  *   rs: A from registers (each warp's m16k16 A fragments), B MN-major (imm-trans-b 1).
  * scale_d 0 overwrites d instead of adding to it.
  */
@@ -173,6 +199,14 @@ template <typename T, int N> struct Wgmma;
             asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SS_SC ", 0;\n"                      \
                          "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PT "." PT " {"          \
                          FA_WG_R##NR "}, " SS_AB ", p, 1, 1, 0, 0;\n}\n"                            \
+                         : FA_WG_D##NR                                                             \
+                         : "l"(da), "l"(db), "r"(scale_d));                                       \
+        }                                                                                         \
+        __device__ __forceinline__ static void ss_t(float (&d)[NR], uint64_t da, uint64_t db,    \
+                                                    int scale_d) {                                \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SS_SC ", 0;\n"                      \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PT "." PT " {"          \
+                         FA_WG_R##NR "}, " SS_AB ", p, 1, 1, 1, 1;\n}\n"                            \
                          : FA_WG_D##NR                                                             \
                          : "l"(da), "l"(db), "r"(scale_d));                                       \
         }                                                                                         \

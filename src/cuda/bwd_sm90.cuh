@@ -1,0 +1,377 @@
+/*
+ * cuda/bwd_sm90.cuh — the Hopper (sm_90a) main kernel of the backward: the sm80 kernel's job
+ * (bwd_sm80_main.cuh: dK, dV of one key tile, dQ by fp32 atomics) on wgmma and the copy
+ * engine. The passes around it (pre, post dQ, post dKV) and the workspace are the sm80
+ * backward's (bwd_sm80.cu); the host side is bwd_sm90.cu.
+ *
+ * A block owns BN = 128 keys of one kv head (grid as the sm80 kernel: key tile, kv head x
+ * query-head split, sequence) and walks the (query head, query tile of BM rows) pairs that
+ * see them. Two warpgroups, 64 keys each; no producer warpgroup: thread 0 issues the copies.
+ * Per query tile, in warpgroup c (its keys kc = 64c .. 64c + 63), with the key-major
+ * ("transposed") scores so that P^T and dS^T come out of the accumulators in the A-fragment
+ * layout of the products that need them:
+ *
+ *   S^T  = K_kc Q^T        wgmma m64n{BM}, A = K, B = Q, both K-major in shared memory
+ *   dP^T = V_kc dO^T       same, issued with S^T; P^T = exp2(S^T scale log2e - LSE2) runs
+ *                          while dP^T finishes
+ *   dS^T = P^T (dP^T - D)  [* (1 - tanh^2) with softcap]
+ *   dV  += P^T dO          wgmma m64n{D}, A = P^T from registers, B = dO MN-major
+ *   dK  += dS^T Q          same with dS^T and Q
+ *   dS^T -> shared memory (16 bits, [key][query], 128-byte swizzle); both warpgroups meet
+ *   dQ(tile) += dS K       a 64 x 64 block per warpgroup (d 128: columns 64c..; d 64, whose
+ *                          query tiles are 128 rows: rows 64c..), A = dS^T and B = K both
+ *                          MN-major; red.global.add.v2 into the sm80 accumulator layout
+ *
+ * Shared memory (1024-byte aligned tiles in panels of 64 columns, as the copy engine writes
+ * them): K, V [panel][128 keys][128 B]; Q, dO in a ring of 3 stages [panel][BM rows][128 B]
+ * with LSE2 and D of the tile's rows, all completing on the stage's mbarrier; dS^T in two
+ * buffers [query panel][128 keys][128 B]. The copy of tile it + 2 goes out when both
+ * warpgroups have met in tile it (so they are done with tile it - 1, whose stage it takes);
+ * the two dS^T buffers let one warpgroup write tile it + 1's while the other still reads
+ * tile it's.
+ *
+ * d 64 and 128 (exactly), fp16/bf16, every mask, softcap, ALiBi, GQA (and its split), varlen;
+ * without DQ (deterministic mode) the dQ part is left to the sm80 dQ kernel.
+ */
+#ifndef FA_CUDA_BWD_SM90_CUH
+#define FA_CUDA_BWD_SM90_CUH
+
+#include <cuda.h>
+#include <math.h>
+
+#include "bwd_sm80.cuh"
+#include "bwd_sm80_tile.cuh"
+#include "ptx.cuh"
+#include "wgmma.cuh"
+
+namespace fa {
+namespace bwd {
+
+struct Sm90Args {
+    BwdArgs a;
+    CUtensorMap tq, tk, tv, tdo; /* (d, head, token, batch): Q, dO boxes of BM rows; K, V of BN */
+};
+
+template <int D_> struct Sm90Cfg {
+    static constexpr int D = D_, BN = 128, BM = D == 64 ? 128 : 64, STAGES = 3, THREADS = 256;
+    static constexpr int PANELS = D / 64;
+    static constexpr uint32_t Q_PANEL = BM * 128, Q_TILE = PANELS * Q_PANEL;
+    static constexpr uint32_t KV_PANEL = BN * 128, KV_TILE = PANELS * KV_PANEL;
+    static constexpr uint32_t DS_PANEL = BN * 128, DS_TILE = (BM / 64) * DS_PANEL;
+    static constexpr uint32_t OFF_K = 0, OFF_V = KV_TILE, OFF_Q = 2 * KV_TILE;
+    static constexpr uint32_t OFF_DO = OFF_Q + STAGES * Q_TILE, OFF_DS = OFF_DO + STAGES * Q_TILE;
+    static constexpr uint32_t OFF_L = OFF_DS + 2 * DS_TILE, OFF_DD = OFF_L + STAGES * BM * 4;
+    static constexpr uint32_t OFF_BAR = OFF_DD + STAGES * BM * 4;
+    static constexpr size_t SMEM = OFF_BAR + 8 * (1 + STAGES) + 1024; /* + aligning */
+    static_assert(D == 64 || D == 128, "the dQ split and the register budget assume d 64 or 128");
+    static_assert(BM % 64 == 0 && kRowPad % BM == 0, "query tiles inside the row padding");
+};
+
+template <typename T, typename C, bool DQ>
+__global__ void __launch_bounds__(C::THREADS, 1) bwd_sm90_kernel(const __grid_constant__ Sm90Args g) {
+#ifdef FA_SM90A_DEVICE
+    using namespace fa::sm90;
+    constexpr int D = C::D, BM = C::BM, BN = C::BN, STAGES = C::STAGES, PANELS = C::PANELS;
+    constexpr int NQ = BM / 8, ND = D / 8; /* n8 tiles of S^T (queries) and of dK/dV (d) */
+    const BwdArgs &a = g.a;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const uint32_t raw = smem_addr(smem_raw), base = (raw + 1023u) & ~1023u;
+    unsigned char *const sm = smem_raw + (base - raw);
+    const uint32_t sK = base + C::OFF_K, sV = base + C::OFF_V;
+    const uint32_t bar_kv = base + C::OFF_BAR, bar_full = bar_kv + 8;
+
+    const int tid = threadIdx.x, c = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+    const int g4 = lane / 4, t4 = lane % 4;
+    const int kb = blockIdx.x, split = blockIdx.y % a.nsplit, hkv = blockIdx.y / a.nsplit;
+    const int b = blockIdx.z;
+    const Seq s = seq_of(a, b);
+    const int j0 = kb * BN;
+    if (j0 >= s.sk) return; /* varlen: this sequence has fewer keys (uniform per block) */
+    const int nk = min(BN, s.sk - j0);
+    const RowKeys rk(a, s.sq, s.sk);
+
+    /* the query rows that see a key of the tile: one run [ia, ib) (as bwd_sm80_main.cuh) */
+    int ia = 0, ib = s.sq;
+    if (a.win_right >= 0) ia = max(0, j0 - rk.diag - a.win_right);
+    if (a.win_left >= 0) ib = min(s.sq, j0 + nk + a.win_left - rk.diag);
+    const int m_first = ia / BM;
+    const int nmb = ia < ib ? (ib - 1) / BM - m_first + 1 : 0;
+    const int h_begin = hkv * a.group + split * a.heads_per_split;
+    const int h_end = min(h_begin + a.heads_per_split, (hkv + 1) * a.group);
+    const int niter = h_end > h_begin ? (h_end - h_begin) * nmb : 0;
+    const int64_t wrow0 = ws_row0(a, b, s.q0);
+    const int bt = a.cu_q ? 0 : b; /* the maps' batch coordinate (varlen: one sequence) */
+
+    if (tid == 0) {
+        mbar_init(bar_kv, 1);
+        for (int st = 0; st < STAGES; st++) mbar_init(bar_full + 8 * st, 1);
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    auto tile_h = [&](int it) { return h_begin + it / nmb; };
+    auto tile_i0 = [&](int it) { return (m_first + it % nmb) * BM; };
+    /* thread 0: Q, dO, LSE2 and D of tile `it` into stage it % STAGES */
+    auto load_tile = [&](int it) {
+        const int st = it % STAGES, h = tile_h(it), i0 = tile_i0(it);
+        const uint32_t bar = bar_full + 8 * st;
+        mbar_expect_tx(bar, 2 * C::Q_TILE + 2 * BM * 4);
+#pragma unroll
+        for (int x = 0; x < PANELS; x++) {
+            tma_load4(base + C::OFF_Q + st * C::Q_TILE + x * C::Q_PANEL, &g.tq, bar, x * 64, h,
+                      s.q0 + i0, bt);
+            tma_load4(base + C::OFF_DO + st * C::Q_TILE + x * C::Q_PANEL, &g.tdo, bar, x * 64, h,
+                      s.q0 + i0, bt);
+        }
+        const int64_t w = (int64_t)h * a.ws_rows + wrow0 + i0;
+        bulk_load(base + C::OFF_L + st * BM * 4, a.lse2 + w, BM * 4, bar);
+        bulk_load(base + C::OFF_DD + st * BM * 4, a.dsum + w, BM * 4, bar);
+    };
+    if (tid == 0 && niter > 0) {
+        mbar_expect_tx(bar_kv, 2 * C::KV_TILE);
+#pragma unroll
+        for (int x = 0; x < PANELS; x++) {
+            tma_load4(sK + x * C::KV_PANEL, &g.tk, bar_kv, x * 64, hkv, s.k0 + j0, bt);
+            tma_load4(sV + x * C::KV_PANEL, &g.tv, bar_kv, x * 64, hkv, s.k0 + j0, bt);
+        }
+        load_tile(0);
+        if (niter > 1) load_tile(1);
+    }
+
+    /* accumulators of the warpgroup's 64 keys: n8 tile j holds (key kl0, columns 8j + 2t4 +
+       0/1) in [4j], [4j+1] and (key kl0 + 8, ...) in [4j+2], [4j+3] */
+    const int kl0 = 64 * c + 16 * warp + g4;
+    float dk[D / 2], dv[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) dk[i] = dv[i] = 0.f;
+
+    const bool softcap = a.softcap > 0.f;
+#pragma unroll 1
+    for (int it = 0; it < niter; it++) {
+        const int st = it % STAGES, h = tile_h(it), i0 = tile_i0(it);
+        if (it == 0) mbar_wait(bar_kv, 0);
+        mbar_wait(bar_full + 8 * st, (uint32_t)(it / STAGES) & 1u);
+        const uint32_t sQ = base + C::OFF_Q + st * C::Q_TILE, sdO = base + C::OFF_DO + st * C::Q_TILE;
+        const float *sL = (const float *)(sm + C::OFF_L) + st * BM;
+        const float *sDd = (const float *)(sm + C::OFF_DD) + st * BM;
+
+        /* S^T and dP^T: k-step kk reads 32 bytes into the 128-byte rows of panel kk / 4 */
+        float sc[BM / 2], dp[BM / 2];
+#pragma unroll
+        for (int i = 0; i < BM / 2; i++) sc[i] = dp[i] = 0.f;
+        wg_pin(sc);
+        wg_pin(dp);
+        wg_fence();
+        {
+            const Desc dka = desc_sw128(sK + c * 64 * 128, 16, 1024), dqb = desc_sw128(sQ, 16, 1024);
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                const uint32_t off = (kk % 4) * 32u;
+                Wgmma<T, BM>::ss(sc, desc_at(dka, (kk / 4) * C::KV_PANEL + off),
+                                 desc_at(dqb, (kk / 4) * C::Q_PANEL + off), 1);
+            }
+            wg_commit();
+            const Desc dva = desc_sw128(sV + c * 64 * 128, 16, 1024), dob = desc_sw128(sdO, 16, 1024);
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                const uint32_t off = (kk % 4) * 32u;
+                Wgmma<T, BM>::ss(dp, desc_at(dva, (kk / 4) * C::KV_PANEL + off),
+                                 desc_at(dob, (kk / 4) * C::Q_PANEL + off), 1);
+            }
+            wg_commit();
+        }
+
+        /* P^T: every key of the block visible to every row of the tile (and no ALiBi, no
+           softcap) needs no per-element work; LSE2 is +inf for rows without keys and past
+           the sequence, so P is 0 there without a test */
+        const bool full = i0 + BM <= s.sq && rk.lo(i0 + BM - 1) <= j0 && rk.hi(i0) >= j0 + BN;
+        const float slope = a.alibi ? a.alibi[b * a.alibi_sb + h] : 0.f;
+        wg_wait<1>();
+        wg_pin(sc);
+        if (full && !a.alibi && !softcap) {
+#pragma unroll
+            for (int j = 0; j < NQ; j++) {
+                const float2 l2 = *(const float2 *)(sL + 8 * j + 2 * t4);
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++) {
+                    sc[4 * j + 2 * hr] = fast_exp2(fmaf(sc[4 * j + 2 * hr], a.scale_log2, -l2.x));
+                    sc[4 * j + 2 * hr + 1] = fast_exp2(fmaf(sc[4 * j + 2 * hr + 1], a.scale_log2, -l2.y));
+                }
+            }
+        } else if (!softcap) {
+#pragma unroll
+            for (int j = 0; j < NQ; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int i = i0 + 8 * j + 2 * t4 + e, ci = i + rk.diag;
+                    const float l2 = sL[8 * j + 2 * t4 + e];
+                    const int lo = rk.lo(i), hi = i < s.sq ? rk.hi(i) : 0;
+#pragma unroll
+                    for (int hr = 0; hr < 2; hr++) {
+                        const int kj = j0 + kl0 + 8 * hr;
+                        const float x = sc[4 * j + 2 * hr + e] * a.scale - slope * fabsf((float)(ci - kj));
+                        sc[4 * j + 2 * hr + e] = kj >= lo && kj < hi ? fast_exp2(fmaf(x, kLog2e, -l2)) : 0.f;
+                    }
+                }
+        }
+        wg_wait<0>();
+        wg_pin(dp);
+        if (!softcap) {
+#pragma unroll
+            for (int j = 0; j < NQ; j++) {
+                const float2 dd = *(const float2 *)(sDd + 8 * j + 2 * t4);
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++) {
+                    dp[4 * j + 2 * hr] = sc[4 * j + 2 * hr] * (dp[4 * j + 2 * hr] - dd.x);
+                    dp[4 * j + 2 * hr + 1] = sc[4 * j + 2 * hr + 1] * (dp[4 * j + 2 * hr + 1] - dd.y);
+                }
+            }
+        } else {
+            /* softcap: the gradient with respect to the pre-softcap score (bwd_sm80_pds.cuh) */
+#pragma unroll
+            for (int j = 0; j < NQ; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int i = i0 + 8 * j + 2 * t4 + e, ci = i + rk.diag;
+                    const float l2 = sL[8 * j + 2 * t4 + e], dd = sDd[8 * j + 2 * t4 + e];
+                    const int lo = rk.lo(i), hi = i < s.sq ? rk.hi(i) : 0;
+#pragma unroll
+                    for (int hr = 0; hr < 2; hr++) {
+                        const int kj = j0 + kl0 + 8 * hr, r = 4 * j + 2 * hr + e;
+                        const float th = tanhf(sc[r] * a.softcap_inv);
+                        const float x = a.softcap * th - slope * fabsf((float)(ci - kj));
+                        const float p = kj >= lo && kj < hi ? fast_exp2(fmaf(x, kLog2e, -l2)) : 0.f;
+                        dp[r] = p * (dp[r] - dd) * (1.f - th * th);
+                        sc[r] = p;
+                    }
+                }
+        }
+
+        /* P^T and dS^T as 16-bit A fragments (k-step kk: queries 16kk.., n8 tiles 2kk, 2kk+1) */
+        uint32_t pa[BM / 16][4], da[BM / 16][4];
+#pragma unroll
+        for (int j = 0; j < NQ; j++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]);
+                da[j / 2][hr + 2 * (j % 2)] = pack2<T>(dp[4 * j + 2 * hr], dp[4 * j + 2 * hr + 1]);
+            }
+        /* dV += P^T dO, dK += dS^T Q: k-step kk is query rows 16kk.. of every panel */
+        wg_fence();
+        {
+            const Desc dob = desc_sw128(sdO, C::Q_PANEL, 1024), dqb = desc_sw128(sQ, C::Q_PANEL, 1024);
+#pragma unroll
+            for (int kk = 0; kk < BM / 16; kk++) Wgmma<T, D>::rs(dv, pa[kk], desc_at(dob, kk * 2048), 1);
+#pragma unroll
+            for (int kk = 0; kk < BM / 16; kk++) Wgmma<T, D>::rs(dk, da[kk], desc_at(dqb, kk * 2048), 1);
+            wg_commit();
+        }
+
+        const uint32_t sdS = base + C::OFF_DS + (it & 1) * C::DS_TILE;
+        if (DQ) {
+            /* dS^T [key][query]: the pair (key kl, queries 8j + 2t4 ..) at its swizzled place
+               (16-byte chunk j % 8 of the row XOR the row's low bits, here g4) */
+#pragma unroll
+            for (int j = 0; j < NQ; j++)
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++)
+                    st_shared_u32(sdS + (j / 8) * C::DS_PANEL + (kl0 + 8 * hr) * 128 +
+                                      (((j % 8) ^ g4) * 16) + 4 * t4,
+                                  da[j / 2][hr + 2 * (j % 2)]);
+            fence_async_smem();
+        }
+        /* both warpgroups are here: tile it - 1 is done everywhere, so its stage takes the
+           copy of tile it + 2 */
+        asm volatile("bar.sync 1, 256;\n" ::: "memory");
+        if (tid == 0 && it + 2 < niter) load_tile(it + 2);
+
+        if (DQ) {
+            /* dQ block of this warpgroup: rows 64 mq.., columns 64 nd.. of the tile */
+            constexpr int MQ = D == 64 ? 1 : 0, NDQ = D == 128 ? 1 : 0;
+            const int mq = MQ * c, nd = NDQ * c;
+            float dq[32];
+#pragma unroll
+            for (int i = 0; i < 32; i++) dq[i] = 0.f;
+            wg_pin(dq);
+            wg_fence();
+            const Desc dsa = desc_sw128(sdS + mq * C::DS_PANEL, C::DS_PANEL, 1024);
+            const Desc dkb = desc_sw128(sK + nd * C::KV_PANEL, C::KV_PANEL, 1024);
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++)
+                Wgmma<T, 64>::ss_t(dq, desc_at(dsa, kk * 2048), desc_at(dkb, kk * 2048), 1);
+            wg_commit();
+            wg_wait<0>();
+            wg_pin(dq);
+            wg_pin(dv);
+            wg_pin(dk);
+            wg_pin(pa);
+            wg_pin(da);
+            /* rows past the sequence add exact zeros into the workspace's padding rows */
+            float *dqt = a.dq_acc + ((int64_t)h * a.ws_rows + wrow0 + i0 + 64 * mq + 16 * warp) * D +
+                         8 * nd * 64 + g4 * 8 + 2 * t4;
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++)
+                    red_add2(dqt + 8 * hr * D + j * 64, dq[4 * j + 2 * hr], dq[4 * j + 2 * hr + 1]);
+        } else {
+            wg_wait<0>();
+            wg_pin(dv);
+            wg_pin(dk);
+            wg_pin(pa);
+            wg_pin(da);
+        }
+    }
+
+    /* dK = scale * sum dS^T Q (Q was not scaled) */
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) dk[i] *= a.scale;
+    if (a.nsplit == 1) {
+        /* staged as T in the K and V tiles (16-byte chunks XOR the row's low bits), then
+           stored in whole chunks */
+        __syncthreads(); /* every product has read K and V */
+#pragma unroll
+        for (int j = 0; j < ND; j++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const uint32_t off = (kl0 + 8 * hr) * (D * 2) + ((j ^ g4) * 16) + 4 * t4;
+                st_shared_u32(sK + off, pack2<T>(dk[4 * j + 2 * hr], dk[4 * j + 2 * hr + 1]));
+                st_shared_u32(sV + off, pack2<T>(dv[4 * j + 2 * hr], dv[4 * j + 2 * hr + 1]));
+            }
+        __syncthreads();
+        T *dkg = (T *)a.dk + s.bk * a.dk_sb + (int64_t)(s.k0 + j0) * a.dk_st + (int64_t)hkv * a.dk_sh;
+        T *dvg = (T *)a.dv + s.bk * a.dv_sb + (int64_t)(s.k0 + j0) * a.dv_st + (int64_t)hkv * a.dv_sh;
+        for (int idx = tid; idx < nk * ND; idx += C::THREADS) {
+            const int r = idx / ND, ch = idx % ND;
+            const uint32_t off = r * (D * 2) + ((ch ^ (r % 8)) * 16);
+            *(uint4 *)(dkg + (int64_t)r * a.dk_st + ch * 8) = *(const uint4 *)(sm + C::OFF_K + off);
+            *(uint4 *)(dvg + (int64_t)r * a.dv_st + ch * 8) = *(const uint4 *)(sm + C::OFF_V + off);
+        }
+    } else {
+        /* fp32 partials of this split; bwd_sm80_aux.cu sums the splits in order */
+        const int64_t prow = (int64_t)(split * a.heads_kv + hkv) * a.kv_rows + kv_row0(a, b, s.k0) + j0;
+        float *dkp = a.dk_part + prow * D, *dvp = a.dv_part + prow * D;
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int r = kl0 + 8 * hr;
+            if (r >= nk) continue;
+#pragma unroll
+            for (int j = 0; j < ND; j++) {
+                *(float2 *)(dkp + (int64_t)r * D + 8 * j + 2 * t4) = make_float2(dk[4 * j + 2 * hr], dk[4 * j + 2 * hr + 1]);
+                *(float2 *)(dvp + (int64_t)r * D + 8 * j + 2 * t4) = make_float2(dv[4 * j + 2 * hr], dv[4 * j + 2 * hr + 1]);
+            }
+        }
+    }
+#endif
+}
+
+/* Host side (bwd_sm90.cu). Whether the kernel has p's head dim; why it cannot take p on this
+   GPU (NULL: it can, and g's maps and *bm, its query tile, are set); its launch for g.a. */
+int sm90_bwd_covers(const fa_problem *p);
+const char *sm90_bwd_prepare(const fa_problem *p, const fa_cuda_launch *l, Sm90Args *g, int *bm);
+cudaError_t run_sm90_main(const Sm90Args &g, fa_dtype dt, bool det, cudaStream_t st);
+
+} // namespace bwd
+} // namespace fa
+
+#endif
