@@ -115,7 +115,7 @@ static const tk_case bwd_cases[] = {
      .lens_k = {0, 12, 33, 64}, .alibi = TK_ALIBI_BATCH, .bwd = 1},
     {SHAPE("d256-decode", 1, 1, 17, 4, 4, 256, F32), .strided = 1, .bwd = 1},
     {SHAPE("gqa8-diagonal", 1, 17, 17, 16, 2, 64, BF16), WIN(0, 0), .bwd = 1},
-    /* shapes the sm90 backward takes (d 64/128, 16-bit): several key tiles (128) and query
+    /* shapes the sm90 backward takes (d 64/128/256, 16-bit): several key tiles (128) and query
        tiles (64 rows at d 128, 128 at d 64), partial ones, so that blocks loop over the
        Q/dO ring and the dS buffers; GQA (and a split group: MQA with few key tiles), masks,
        softcap, ALiBi, varlen */
@@ -133,6 +133,12 @@ static const tk_case bwd_cases[] = {
      .bwd = 1},
     {SHAPE("d64-det-window", 1, 200, 300, 2, 2, 64, F16), WIN(50, 50), .deterministic = 1,
      .bwd = 1},
+    /* d 256 on sm90: 64-key blocks, 64-row query tiles */
+    {SHAPE("d256-gqa-causal-tiles", 2, 150, 140, 4, 2, 256, F16), .causal = 1, .bwd = 1},
+    {VARLEN("d256-varlen-alibi", 2, 2, 1, 256, BF16), .lens_q = {100, 70}, .lens_k = {130, 60},
+     .alibi = TK_ALIBI_HEAD, .bwd = 1},
+    {SHAPE("d256-det-window", 1, 130, 200, 2, 1, 256, BF16), WIN(30, 20), .deterministic = 1,
+     .strided = 1, .bwd = 1},
 };
 
 const tk_case *tk_fwd_cases(size_t *count) {

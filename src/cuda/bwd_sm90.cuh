@@ -31,7 +31,9 @@
  * tile it's.
  *
  * d 64 and 128 (exactly), fp16/bf16, every mask, softcap, ALiBi, GQA (and its split), varlen;
- * without DQ (deterministic mode) the dQ part is left to the sm80 dQ kernel.
+ * without DQ (deterministic mode) the dQ part is left to the sm80 dQ kernel. d 256 has a
+ * kernel of its own (bwd_sm90_d256_kernel, below: 64 keys, the warpgroups split by product
+ * and by column half).
  */
 #ifndef FA_CUDA_BWD_SM90_CUH
 #define FA_CUDA_BWD_SM90_CUH
@@ -52,26 +54,201 @@ struct Sm90Args {
     CUtensorMap tq, tk, tv, tdo; /* (d, head, token, batch): Q, dO boxes of BM rows; K, V of BN */
 };
 
+/* d 64/128: 128 keys (64 per warpgroup), a 3-stage Q/dO ring, two dS^T buffers. d 256 (its
+   own kernel below): 64 keys, 2 stages, one buffer each of P^T, dS^T (16 bits) and P^T in
+   fp16 for the dS step (DS_BUFS 1, P_BUFS 2 buffers' worth). */
 template <int D_> struct Sm90Cfg {
-    static constexpr int D = D_, BN = 128, BM = D == 64 ? 128 : 64, STAGES = 3, THREADS = 256;
-    static constexpr int PANELS = D / 64;
+    static constexpr int D = D_, BN = D == 256 ? 64 : 128, BM = D == 64 ? 128 : 64;
+    static constexpr int STAGES = D == 256 ? 2 : 3, THREADS = 256, PANELS = D / 64;
+    static constexpr int DS_BUFS = D == 256 ? 1 : 2, P_BUFS = D == 256 ? 2 : 0;
     static constexpr uint32_t Q_PANEL = BM * 128, Q_TILE = PANELS * Q_PANEL;
     static constexpr uint32_t KV_PANEL = BN * 128, KV_TILE = PANELS * KV_PANEL;
     static constexpr uint32_t DS_PANEL = BN * 128, DS_TILE = (BM / 64) * DS_PANEL;
     static constexpr uint32_t OFF_K = 0, OFF_V = KV_TILE, OFF_Q = 2 * KV_TILE;
     static constexpr uint32_t OFF_DO = OFF_Q + STAGES * Q_TILE, OFF_DS = OFF_DO + STAGES * Q_TILE;
-    static constexpr uint32_t OFF_L = OFF_DS + 2 * DS_TILE, OFF_DD = OFF_L + STAGES * BM * 4;
+    static constexpr uint32_t OFF_P = OFF_DS + DS_BUFS * DS_TILE, OFF_PH = OFF_P + DS_TILE;
+    static constexpr uint32_t OFF_L = OFF_DS + (DS_BUFS + P_BUFS) * DS_TILE;
+    static constexpr uint32_t OFF_DD = OFF_L + STAGES * BM * 4;
     static constexpr uint32_t OFF_BAR = OFF_DD + STAGES * BM * 4;
     static constexpr size_t SMEM = OFF_BAR + 8 * (1 + STAGES) + 1024; /* + aligning */
-    static_assert(D == 64 || D == 128, "the dQ split and the register budget assume d 64 or 128");
     static_assert(BM % 64 == 0 && kRowPad % BM == 0, "query tiles inside the row padding");
 };
+
+/* What a block knows of its keys and of the (query head, query tile) pairs it walks. */
+struct Blk {
+    Seq s;
+    RowKeys rk;
+    int b, hkv, split, bt, j0, nk, m_first, nmb, h_begin, niter;
+    int64_t wrow0;
+    /* block (key tile kb, kv head x split, sequence b) of BN keys, query tiles of BM rows; no
+       work (niter 0, and valid() false) when the sequence has fewer keys */
+    __device__ __forceinline__ Blk(const BwdArgs &a, int BN, int BM)
+        : s(seq_of(a, blockIdx.z)), rk(a, s.sq, s.sk) {
+        b = blockIdx.z;
+        split = blockIdx.y % a.nsplit;
+        hkv = blockIdx.y / a.nsplit;
+        bt = a.cu_q ? 0 : b; /* the maps' batch coordinate (varlen: one sequence) */
+        j0 = blockIdx.x * BN;
+        nk = min(BN, s.sk - j0);
+        /* the query rows that see a key of the tile: one run [ia, ib) (as bwd_sm80_main.cuh) */
+        int ia = 0, ib = s.sq;
+        if (a.win_right >= 0) ia = max(0, j0 - rk.diag - a.win_right);
+        if (a.win_left >= 0) ib = min(s.sq, j0 + nk + a.win_left - rk.diag);
+        m_first = ia / BM;
+        nmb = ia < ib ? (ib - 1) / BM - m_first + 1 : 0;
+        h_begin = hkv * a.group + split * a.heads_per_split;
+        const int h_end = min(h_begin + a.heads_per_split, (hkv + 1) * a.group);
+        niter = h_end > h_begin && valid() ? (h_end - h_begin) * nmb : 0;
+        wrow0 = ws_row0(a, b, s.q0);
+    }
+    __device__ __forceinline__ bool valid() const { return j0 < s.sk; }
+    __device__ __forceinline__ int tile_h(int it) const { return h_begin + it / nmb; }
+    __device__ __forceinline__ int tile_i0(int it, int BM) const { return (m_first + it % nmb) * BM; }
+};
+
+/* Thread 0: K and V of the block (on bar_kv), and Q, dO, LSE2 and D of tile `it` into stage
+   it % STAGES (on that stage's barrier). */
+template <typename C>
+__device__ __forceinline__ void load_kv(const Sm90Args &g, const Blk &k, uint32_t base) {
+    using namespace fa::sm90;
+    const uint32_t bar = base + C::OFF_BAR;
+    mbar_expect_tx(bar, 2 * C::KV_TILE);
+#pragma unroll
+    for (int x = 0; x < C::PANELS; x++) {
+        tma_load4(base + C::OFF_K + x * C::KV_PANEL, &g.tk, bar, x * 64, k.hkv, k.s.k0 + k.j0, k.bt);
+        tma_load4(base + C::OFF_V + x * C::KV_PANEL, &g.tv, bar, x * 64, k.hkv, k.s.k0 + k.j0, k.bt);
+    }
+}
+template <typename C>
+__device__ __forceinline__ void load_tile(const Sm90Args &g, const Blk &k, uint32_t base, int it) {
+    using namespace fa::sm90;
+    const int st = it % C::STAGES, h = k.tile_h(it), i0 = k.tile_i0(it, C::BM);
+    const uint32_t bar = base + C::OFF_BAR + 8 + 8 * st;
+    mbar_expect_tx(bar, 2 * C::Q_TILE + 2 * C::BM * 4);
+#pragma unroll
+    for (int x = 0; x < C::PANELS; x++) {
+        tma_load4(base + C::OFF_Q + st * C::Q_TILE + x * C::Q_PANEL, &g.tq, bar, x * 64, h,
+                  k.s.q0 + i0, k.bt);
+        tma_load4(base + C::OFF_DO + st * C::Q_TILE + x * C::Q_PANEL, &g.tdo, bar, x * 64, h,
+                  k.s.q0 + i0, k.bt);
+    }
+    const int64_t w = (int64_t)h * g.a.ws_rows + k.wrow0 + i0;
+    bulk_load(base + C::OFF_L + st * C::BM * 4, g.a.lse2 + w, C::BM * 4, bar);
+    bulk_load(base + C::OFF_DD + st * C::BM * 4, g.a.dsum + w, C::BM * 4, bar);
+}
+
+/* P^T in place of S^T (raw q.k) without softcap, in the accumulator layout of a warpgroup's
+   64 keys (this thread's keys j0 + kl0 and + 8; queries i0 + 8j + 2t4 + 0/1). `full`: every
+   key visible to every row of the tile, and no ALiBi: no per-element work. LSE2 is +inf for
+   rows without keys and past the sequence, so P is 0 there without a test. */
+template <int NQ>
+__device__ __forceinline__ void p_of_t(float (&sc)[4 * NQ], const BwdArgs &a, const Blk &k,
+                                       const float *sL, int i0, int kl0, int t4, float slope,
+                                       bool full) {
+    if (full) {
+#pragma unroll
+        for (int j = 0; j < NQ; j++) {
+            const float2 l2 = *(const float2 *)(sL + 8 * j + 2 * t4);
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                sc[4 * j + 2 * hr] = fast_exp2(fmaf(sc[4 * j + 2 * hr], a.scale_log2, -l2.x));
+                sc[4 * j + 2 * hr + 1] = fast_exp2(fmaf(sc[4 * j + 2 * hr + 1], a.scale_log2, -l2.y));
+            }
+        }
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < NQ; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int i = i0 + 8 * j + 2 * t4 + e, ci = i + k.rk.diag;
+            const float l2 = sL[8 * j + 2 * t4 + e];
+            const int lo = k.rk.lo(i), hi = i < k.s.sq ? k.rk.hi(i) : 0;
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int kj = k.j0 + kl0 + 8 * hr;
+                const float x = sc[4 * j + 2 * hr + e] * a.scale - slope * fabsf((float)(ci - kj));
+                sc[4 * j + 2 * hr + e] = kj >= lo && kj < hi ? fast_exp2(fmaf(x, kLog2e, -l2)) : 0.f;
+            }
+        }
+}
+
+/* The 16-bit pair (key kl, queries 8j + 2t4 ..) of a [key][query] tile in 128-byte-swizzled
+   panels of 64 queries: chunk j % 8 of the row XOR the row's low bits */
+__device__ __forceinline__ uint32_t kq_off(uint32_t panel_bytes, int kl, int j, int t4) {
+    return (j / 8) * panel_bytes + kl * 128 + (((j % 8) ^ (kl % 8)) * 16) + 4 * t4;
+}
+
+/* dQ(rows r0.., columns n0.. of the tile at workspace row `row`) += a warpgroup's 64 x 8NJ
+   block, red.v2 into the sm80 accumulator's 8x8 blocks; rows past the sequence add exact
+   zeros into the workspace's padding rows */
+template <int D, int NJ>
+__device__ __forceinline__ void red_dq(const BwdArgs &a, int64_t row, int r0, int n0, int warp,
+                                       int g4, int t4, const float (&dq)[4 * NJ]) {
+    float *dqt = a.dq_acc + (row + r0 + 16 * warp) * D + (n0 / 8) * 64 + g4 * 8 + 2 * t4;
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++)
+            red_add2(dqt + 8 * hr * D + j * 64, dq[4 * j + 2 * hr], dq[4 * j + 2 * hr + 1]);
+}
+
+/* dK (scaled) and dV of the block from the warpgroups' accumulators (this thread: keys kl0,
+   kl0 + 8; columns c0 + 8j + 2t4 ..): staged as T in the K and V tiles (16-byte chunks XOR the
+   row's low bits; the caller has synchronised, every product is done with K and V) and
+   stored in whole chunks, or written as fp32 partials when the GQA group is split */
+template <typename T, typename C, int NJ>
+__device__ __forceinline__ void store_dkv(const BwdArgs &a, const Blk &k, uint32_t base,
+                                          unsigned char *sm, float (&dk)[4 * NJ],
+                                          const float (&dv)[4 * NJ], int kl0, int c0, int t4) {
+    using namespace fa::sm90;
+    constexpr int D = C::D, ND = D / 8;
+#pragma unroll
+    for (int i = 0; i < 4 * NJ; i++) dk[i] *= a.scale; /* Q was not scaled */
+    if (a.nsplit == 1) {
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int r = kl0 + 8 * hr, ch = c0 / 8 + j;
+                const uint32_t off = r * (D * 2) + ((ch ^ (r % 8)) * 16) + 4 * t4;
+                st_shared_u32(base + C::OFF_K + off, pack2<T>(dk[4 * j + 2 * hr], dk[4 * j + 2 * hr + 1]));
+                st_shared_u32(base + C::OFF_V + off, pack2<T>(dv[4 * j + 2 * hr], dv[4 * j + 2 * hr + 1]));
+            }
+        __syncthreads();
+        T *dkg = (T *)a.dk + k.s.bk * a.dk_sb + (int64_t)(k.s.k0 + k.j0) * a.dk_st + (int64_t)k.hkv * a.dk_sh;
+        T *dvg = (T *)a.dv + k.s.bk * a.dv_sb + (int64_t)(k.s.k0 + k.j0) * a.dv_st + (int64_t)k.hkv * a.dv_sh;
+        for (int idx = threadIdx.x; idx < k.nk * ND; idx += C::THREADS) {
+            const int r = idx / ND, ch = idx % ND;
+            const uint32_t off = r * (D * 2) + ((ch ^ (r % 8)) * 16);
+            *(uint4 *)(dkg + (int64_t)r * a.dk_st + ch * 8) = *(const uint4 *)(sm + C::OFF_K + off);
+            *(uint4 *)(dvg + (int64_t)r * a.dv_st + ch * 8) = *(const uint4 *)(sm + C::OFF_V + off);
+        }
+    } else {
+        /* bwd_sm80_aux.cu sums the splits in order */
+        const int64_t prow =
+            (int64_t)(k.split * a.heads_kv + k.hkv) * a.kv_rows + kv_row0(a, k.b, k.s.k0) + k.j0;
+        float *dkp = a.dk_part + prow * D, *dvp = a.dv_part + prow * D;
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int r = kl0 + 8 * hr;
+            if (r >= k.nk) continue;
+#pragma unroll
+            for (int j = 0; j < NJ; j++) {
+                const int col = c0 + 8 * j + 2 * t4;
+                *(float2 *)(dkp + (int64_t)r * D + col) = make_float2(dk[4 * j + 2 * hr], dk[4 * j + 2 * hr + 1]);
+                *(float2 *)(dvp + (int64_t)r * D + col) = make_float2(dv[4 * j + 2 * hr], dv[4 * j + 2 * hr + 1]);
+            }
+        }
+    }
+}
 
 template <typename T, typename C, bool DQ>
 __global__ void __launch_bounds__(C::THREADS, 1) bwd_sm90_kernel(const __grid_constant__ Sm90Args g) {
 #ifdef FA_SM90A_DEVICE
     using namespace fa::sm90;
-    constexpr int D = C::D, BM = C::BM, BN = C::BN, STAGES = C::STAGES, PANELS = C::PANELS;
+    constexpr int D = C::D, BM = C::BM, BN = C::BN, STAGES = C::STAGES;
     constexpr int NQ = BM / 8, ND = D / 8; /* n8 tiles of S^T (queries) and of dK/dV (d) */
     const BwdArgs &a = g.a;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -82,25 +259,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_sm90_kernel(const __grid_co
 
     const int tid = threadIdx.x, c = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
     const int g4 = lane / 4, t4 = lane % 4;
-    const int kb = blockIdx.x, split = blockIdx.y % a.nsplit, hkv = blockIdx.y / a.nsplit;
-    const int b = blockIdx.z;
-    const Seq s = seq_of(a, b);
-    const int j0 = kb * BN;
-    if (j0 >= s.sk) return; /* varlen: this sequence has fewer keys (uniform per block) */
-    const int nk = min(BN, s.sk - j0);
-    const RowKeys rk(a, s.sq, s.sk);
-
-    /* the query rows that see a key of the tile: one run [ia, ib) (as bwd_sm80_main.cuh) */
-    int ia = 0, ib = s.sq;
-    if (a.win_right >= 0) ia = max(0, j0 - rk.diag - a.win_right);
-    if (a.win_left >= 0) ib = min(s.sq, j0 + nk + a.win_left - rk.diag);
-    const int m_first = ia / BM;
-    const int nmb = ia < ib ? (ib - 1) / BM - m_first + 1 : 0;
-    const int h_begin = hkv * a.group + split * a.heads_per_split;
-    const int h_end = min(h_begin + a.heads_per_split, (hkv + 1) * a.group);
-    const int niter = h_end > h_begin ? (h_end - h_begin) * nmb : 0;
-    const int64_t wrow0 = ws_row0(a, b, s.q0);
-    const int bt = a.cu_q ? 0 : b; /* the maps' batch coordinate (varlen: one sequence) */
+    const Blk k(a, BN, BM);
+    if (!k.valid()) return; /* varlen: this sequence has fewer keys (uniform per block) */
+    const int niter = k.niter;
 
     if (tid == 0) {
         mbar_init(bar_kv, 1);
@@ -108,34 +269,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_sm90_kernel(const __grid_co
         mbar_init_fence();
     }
     __syncthreads();
-
-    auto tile_h = [&](int it) { return h_begin + it / nmb; };
-    auto tile_i0 = [&](int it) { return (m_first + it % nmb) * BM; };
-    /* thread 0: Q, dO, LSE2 and D of tile `it` into stage it % STAGES */
-    auto load_tile = [&](int it) {
-        const int st = it % STAGES, h = tile_h(it), i0 = tile_i0(it);
-        const uint32_t bar = bar_full + 8 * st;
-        mbar_expect_tx(bar, 2 * C::Q_TILE + 2 * BM * 4);
-#pragma unroll
-        for (int x = 0; x < PANELS; x++) {
-            tma_load4(base + C::OFF_Q + st * C::Q_TILE + x * C::Q_PANEL, &g.tq, bar, x * 64, h,
-                      s.q0 + i0, bt);
-            tma_load4(base + C::OFF_DO + st * C::Q_TILE + x * C::Q_PANEL, &g.tdo, bar, x * 64, h,
-                      s.q0 + i0, bt);
-        }
-        const int64_t w = (int64_t)h * a.ws_rows + wrow0 + i0;
-        bulk_load(base + C::OFF_L + st * BM * 4, a.lse2 + w, BM * 4, bar);
-        bulk_load(base + C::OFF_DD + st * BM * 4, a.dsum + w, BM * 4, bar);
-    };
     if (tid == 0 && niter > 0) {
-        mbar_expect_tx(bar_kv, 2 * C::KV_TILE);
-#pragma unroll
-        for (int x = 0; x < PANELS; x++) {
-            tma_load4(sK + x * C::KV_PANEL, &g.tk, bar_kv, x * 64, hkv, s.k0 + j0, bt);
-            tma_load4(sV + x * C::KV_PANEL, &g.tv, bar_kv, x * 64, hkv, s.k0 + j0, bt);
-        }
-        load_tile(0);
-        if (niter > 1) load_tile(1);
+        load_kv<C>(g, k, base);
+        load_tile<C>(g, k, base, 0);
+        if (niter > 1) load_tile<C>(g, k, base, 1);
     }
 
     /* accumulators of the warpgroup's 64 keys: n8 tile j holds (key kl0, columns 8j + 2t4 +
@@ -148,7 +285,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_sm90_kernel(const __grid_co
     const bool softcap = a.softcap > 0.f;
 #pragma unroll 1
     for (int it = 0; it < niter; it++) {
-        const int st = it % STAGES, h = tile_h(it), i0 = tile_i0(it);
+        const int st = it % STAGES, h = k.tile_h(it), i0 = k.tile_i0(it, BM);
         if (it == 0) mbar_wait(bar_kv, 0);
         mbar_wait(bar_full + 8 * st, (uint32_t)(it / STAGES) & 1u);
         const uint32_t sQ = base + C::OFF_Q + st * C::Q_TILE, sdO = base + C::OFF_DO + st * C::Q_TILE;
@@ -181,39 +318,12 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_sm90_kernel(const __grid_co
             wg_commit();
         }
 
-        /* P^T: every key of the block visible to every row of the tile (and no ALiBi, no
-           softcap) needs no per-element work; LSE2 is +inf for rows without keys and past
-           the sequence, so P is 0 there without a test */
-        const bool full = i0 + BM <= s.sq && rk.lo(i0 + BM - 1) <= j0 && rk.hi(i0) >= j0 + BN;
-        const float slope = a.alibi ? a.alibi[b * a.alibi_sb + h] : 0.f;
+        /* P^T while dP^T finishes (softcap: below, with dS) */
+        const bool full = i0 + BM <= k.s.sq && k.rk.lo(i0 + BM - 1) <= k.j0 && k.rk.hi(i0) >= k.j0 + BN;
+        const float slope = a.alibi ? a.alibi[k.b * a.alibi_sb + h] : 0.f;
         wg_wait<1>();
         wg_pin(sc);
-        if (full && !a.alibi && !softcap) {
-#pragma unroll
-            for (int j = 0; j < NQ; j++) {
-                const float2 l2 = *(const float2 *)(sL + 8 * j + 2 * t4);
-#pragma unroll
-                for (int hr = 0; hr < 2; hr++) {
-                    sc[4 * j + 2 * hr] = fast_exp2(fmaf(sc[4 * j + 2 * hr], a.scale_log2, -l2.x));
-                    sc[4 * j + 2 * hr + 1] = fast_exp2(fmaf(sc[4 * j + 2 * hr + 1], a.scale_log2, -l2.y));
-                }
-            }
-        } else if (!softcap) {
-#pragma unroll
-            for (int j = 0; j < NQ; j++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int i = i0 + 8 * j + 2 * t4 + e, ci = i + rk.diag;
-                    const float l2 = sL[8 * j + 2 * t4 + e];
-                    const int lo = rk.lo(i), hi = i < s.sq ? rk.hi(i) : 0;
-#pragma unroll
-                    for (int hr = 0; hr < 2; hr++) {
-                        const int kj = j0 + kl0 + 8 * hr;
-                        const float x = sc[4 * j + 2 * hr + e] * a.scale - slope * fabsf((float)(ci - kj));
-                        sc[4 * j + 2 * hr + e] = kj >= lo && kj < hi ? fast_exp2(fmaf(x, kLog2e, -l2)) : 0.f;
-                    }
-                }
-        }
+        if (!softcap) p_of_t<NQ>(sc, a, k, sL, i0, kl0, t4, slope, full && !a.alibi);
         wg_wait<0>();
         wg_pin(dp);
         if (!softcap) {
@@ -232,12 +342,12 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_sm90_kernel(const __grid_co
             for (int j = 0; j < NQ; j++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
-                    const int i = i0 + 8 * j + 2 * t4 + e, ci = i + rk.diag;
+                    const int i = i0 + 8 * j + 2 * t4 + e, ci = i + k.rk.diag;
                     const float l2 = sL[8 * j + 2 * t4 + e], dd = sDd[8 * j + 2 * t4 + e];
-                    const int lo = rk.lo(i), hi = i < s.sq ? rk.hi(i) : 0;
+                    const int lo = k.rk.lo(i), hi = i < k.s.sq ? k.rk.hi(i) : 0;
 #pragma unroll
                     for (int hr = 0; hr < 2; hr++) {
-                        const int kj = j0 + kl0 + 8 * hr, r = 4 * j + 2 * hr + e;
+                        const int kj = k.j0 + kl0 + 8 * hr, r = 4 * j + 2 * hr + e;
                         const float th = tanhf(sc[r] * a.softcap_inv);
                         const float x = a.softcap * th - slope * fabsf((float)(ci - kj));
                         const float p = kj >= lo && kj < hi ? fast_exp2(fmaf(x, kLog2e, -l2)) : 0.f;
@@ -269,21 +379,18 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_sm90_kernel(const __grid_co
 
         const uint32_t sdS = base + C::OFF_DS + (it & 1) * C::DS_TILE;
         if (DQ) {
-            /* dS^T [key][query]: the pair (key kl, queries 8j + 2t4 ..) at its swizzled place
-               (16-byte chunk j % 8 of the row XOR the row's low bits, here g4) */
+            /* dS^T [key][query] for the dQ product */
 #pragma unroll
             for (int j = 0; j < NQ; j++)
 #pragma unroll
                 for (int hr = 0; hr < 2; hr++)
-                    st_shared_u32(sdS + (j / 8) * C::DS_PANEL + (kl0 + 8 * hr) * 128 +
-                                      (((j % 8) ^ g4) * 16) + 4 * t4,
-                                  da[j / 2][hr + 2 * (j % 2)]);
+                    st_shared_u32(sdS + kq_off(C::DS_PANEL, kl0 + 8 * hr, j, t4), da[j / 2][hr + 2 * (j % 2)]);
             fence_async_smem();
         }
         /* both warpgroups are here: tile it - 1 is done everywhere, so its stage takes the
            copy of tile it + 2 */
         asm volatile("bar.sync 1, 256;\n" ::: "memory");
-        if (tid == 0 && it + 2 < niter) load_tile(it + 2);
+        if (tid == 0 && it + 2 < niter) load_tile<C>(g, k, base, it + 2);
 
         if (DQ) {
             /* dQ block of this warpgroup: rows 64 mq.., columns 64 nd.. of the tile */
@@ -306,14 +413,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_sm90_kernel(const __grid_co
             wg_pin(dk);
             wg_pin(pa);
             wg_pin(da);
-            /* rows past the sequence add exact zeros into the workspace's padding rows */
-            float *dqt = a.dq_acc + ((int64_t)h * a.ws_rows + wrow0 + i0 + 64 * mq + 16 * warp) * D +
-                         8 * nd * 64 + g4 * 8 + 2 * t4;
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int hr = 0; hr < 2; hr++)
-                    red_add2(dqt + 8 * hr * D + j * 64, dq[4 * j + 2 * hr], dq[4 * j + 2 * hr + 1]);
+            red_dq<D, 8>(a, (int64_t)h * a.ws_rows + k.wrow0 + i0, 64 * mq, 64 * nd, warp, g4, t4, dq);
         } else {
             wg_wait<0>();
             wg_pin(dv);
@@ -322,46 +422,162 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_sm90_kernel(const __grid_co
             wg_pin(da);
         }
     }
+    store_dkv<T, C, ND>(a, k, base, sm, dk, dv, kl0, 0, t4);
+#endif
+}
 
-    /* dK = scale * sum dS^T Q (Q was not scaled) */
-#pragma unroll
-    for (int i = 0; i < D / 2; i++) dk[i] *= a.scale;
-    if (a.nsplit == 1) {
-        /* staged as T in the K and V tiles (16-byte chunks XOR the row's low bits), then
-           stored in whole chunks */
-        __syncthreads(); /* every product has read K and V */
-#pragma unroll
-        for (int j = 0; j < ND; j++)
-#pragma unroll
-            for (int hr = 0; hr < 2; hr++) {
-                const uint32_t off = (kl0 + 8 * hr) * (D * 2) + ((j ^ g4) * 16) + 4 * t4;
-                st_shared_u32(sK + off, pack2<T>(dk[4 * j + 2 * hr], dk[4 * j + 2 * hr + 1]));
-                st_shared_u32(sV + off, pack2<T>(dv[4 * j + 2 * hr], dv[4 * j + 2 * hr + 1]));
-            }
-        __syncthreads();
-        T *dkg = (T *)a.dk + s.bk * a.dk_sb + (int64_t)(s.k0 + j0) * a.dk_st + (int64_t)hkv * a.dk_sh;
-        T *dvg = (T *)a.dv + s.bk * a.dv_sb + (int64_t)(s.k0 + j0) * a.dv_st + (int64_t)hkv * a.dv_sh;
-        for (int idx = tid; idx < nk * ND; idx += C::THREADS) {
-            const int r = idx / ND, ch = idx % ND;
-            const uint32_t off = r * (D * 2) + ((ch ^ (r % 8)) * 16);
-            *(uint4 *)(dkg + (int64_t)r * a.dk_st + ch * 8) = *(const uint4 *)(sm + C::OFF_K + off);
-            *(uint4 *)(dvg + (int64_t)r * a.dv_st + ch * 8) = *(const uint4 *)(sm + C::OFF_V + off);
-        }
-    } else {
-        /* fp32 partials of this split; bwd_sm80_aux.cu sums the splits in order */
-        const int64_t prow = (int64_t)(split * a.heads_kv + hkv) * a.kv_rows + kv_row0(a, b, s.k0) + j0;
-        float *dkp = a.dk_part + prow * D, *dvp = a.dv_part + prow * D;
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            const int r = kl0 + 8 * hr;
-            if (r >= nk) continue;
-#pragma unroll
-            for (int j = 0; j < ND; j++) {
-                *(float2 *)(dkp + (int64_t)r * D + 8 * j + 2 * t4) = make_float2(dk[4 * j + 2 * hr], dk[4 * j + 2 * hr + 1]);
-                *(float2 *)(dvp + (int64_t)r * D + 8 * j + 2 * t4) = make_float2(dv[4 * j + 2 * hr], dv[4 * j + 2 * hr + 1]);
-            }
-        }
+/*
+ * d 256: the dK/dV accumulators of 64 keys x 256 columns would take every register of one
+ * warpgroup, so the block holds 64 keys and warpgroup c owns columns 128c .. 128c + 127 of
+ * dK, dV and of the tile's dQ. The scores are split by product instead: warpgroup 0 computes
+ * S^T = K Q^T and P^T (both to shared memory: 16-bit for the products, fp16 for the dS step),
+ * warpgroup 1 dP^T = V dO^T and, from P^T, dS^T (to shared memory); then each warpgroup takes
+ * its column half of dV += P^T dO, dK += dS^T Q and dQ = dS K, every operand from shared
+ * memory. Three barriers per query tile (P^T ready, dS^T ready, the tile done); no softcap
+ * (fa_sm90_bwd declines it: the sm80 kernel runs).
+ */
+template <typename T, typename C, bool DQ>
+__global__ void __launch_bounds__(C::THREADS, 1) bwd_sm90_d256_kernel(const __grid_constant__ Sm90Args g) {
+#ifdef FA_SM90A_DEVICE
+    using namespace fa::sm90;
+    constexpr int BM = C::BM, BN = C::BN, STAGES = C::STAGES;
+    static_assert(C::D == 256 && BM == 64 && BN == 64, "the d 256 split");
+    constexpr int NQ = BM / 8;
+    const BwdArgs &a = g.a;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const uint32_t raw = smem_addr(smem_raw), base = (raw + 1023u) & ~1023u;
+    unsigned char *const sm = smem_raw + (base - raw);
+    const uint32_t sK = base + C::OFF_K, sV = base + C::OFF_V;
+    const uint32_t sP = base + C::OFF_P, sPh = base + C::OFF_PH, sdS = base + C::OFF_DS;
+    const uint32_t bar_kv = base + C::OFF_BAR, bar_full = bar_kv + 8;
+
+    const int tid = threadIdx.x, c = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+    const int g4 = lane / 4, t4 = lane % 4;
+    const Blk k(a, BN, BM);
+    if (!k.valid()) return;
+    const int niter = k.niter;
+
+    if (tid == 0) {
+        mbar_init(bar_kv, 1);
+        for (int st = 0; st < STAGES; st++) mbar_init(bar_full + 8 * st, 1);
+        mbar_init_fence();
     }
+    __syncthreads();
+    if (tid == 0 && niter > 0) {
+        load_kv<C>(g, k, base);
+        load_tile<C>(g, k, base, 0);
+        if (niter > 1) load_tile<C>(g, k, base, 1);
+    }
+
+    /* this thread's keys kl0, kl0 + 8 (of the block's 64) in every accumulator */
+    const int kl0 = 16 * warp + g4;
+    float dk[64], dv[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) dk[i] = dv[i] = 0.f;
+
+#pragma unroll 1
+    for (int it = 0; it < niter; it++) {
+        const int st = it % STAGES, h = k.tile_h(it), i0 = k.tile_i0(it, BM);
+        /* every thread finished tile it - 1 (the barrier at the loop's end): its stage takes
+           tile it + 1 (tiles 0 and 1 came with the prologue) */
+        if (tid == 0 && it >= 1 && it + 1 < niter) load_tile<C>(g, k, base, it + 1);
+        if (it == 0) mbar_wait(bar_kv, 0);
+        mbar_wait(bar_full + 8 * st, (uint32_t)(it / STAGES) & 1u);
+        const uint32_t sQ = base + C::OFF_Q + st * C::Q_TILE, sdO = base + C::OFF_DO + st * C::Q_TILE;
+        const float *sL = (const float *)(sm + C::OFF_L) + st * BM;
+        const float *sDd = (const float *)(sm + C::OFF_DD) + st * BM;
+
+        /* warpgroup 0: S^T = K Q^T; 1: dP^T = V dO^T (16 k-steps over the four panels) */
+        float sc[BM / 2];
+#pragma unroll
+        for (int i = 0; i < BM / 2; i++) sc[i] = 0.f;
+        wg_pin(sc);
+        wg_fence();
+        {
+            const Desc da_ = desc_sw128(c == 0 ? sK : sV, 16, 1024);
+            const Desc db_ = desc_sw128(c == 0 ? sQ : sdO, 16, 1024);
+#pragma unroll
+            for (int kk = 0; kk < 16; kk++) {
+                const uint32_t off = (kk % 4) * 32u;
+                Wgmma<T, BM>::ss(sc, desc_at(da_, (kk / 4) * C::KV_PANEL + off),
+                                 desc_at(db_, (kk / 4) * C::Q_PANEL + off), 1);
+            }
+            wg_commit();
+        }
+        wg_wait<0>();
+        wg_pin(sc);
+        if (c == 0) {
+            const bool full = i0 + BM <= k.s.sq && k.rk.lo(i0 + BM - 1) <= k.j0 && k.rk.hi(i0) >= k.j0 + BN;
+            const float slope = a.alibi ? a.alibi[k.b * a.alibi_sb + h] : 0.f;
+            p_of_t<NQ>(sc, a, k, sL, i0, kl0, t4, slope, full && !a.alibi);
+#pragma unroll
+            for (int j = 0; j < NQ; j++)
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++) {
+                    const uint32_t off = kq_off(C::DS_PANEL, kl0 + 8 * hr, j, t4);
+                    st_shared_u32(sP + off, pack2<T>(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]));
+                    st_shared_u32(sPh + off, pack2<__half>(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]));
+                }
+            fence_async_smem();
+        }
+        asm volatile("bar.sync 1, 256;\n" ::: "memory"); /* P^T is in shared memory */
+        if (c == 1) {
+#pragma unroll
+            for (int j = 0; j < NQ; j++) {
+                const float2 dd = *(const float2 *)(sDd + 8 * j + 2 * t4);
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++) {
+                    const uint32_t off = kq_off(C::DS_PANEL, kl0 + 8 * hr, j, t4);
+                    const float2 p = unpack2<__half>(*(const uint32_t *)(sm + C::OFF_PH + off));
+                    st_shared_u32(sdS + off, pack2<T>(p.x * (sc[4 * j + 2 * hr] - dd.x),
+                                                      p.y * (sc[4 * j + 2 * hr + 1] - dd.y)));
+                }
+            }
+            fence_async_smem();
+        }
+        asm volatile("bar.sync 1, 256;\n" ::: "memory"); /* dS^T is in shared memory */
+
+        /* this warpgroup's column half (panels 2c, 2c + 1) of dV += P^T dO and dK += dS^T Q
+           (A K-major: k-step kk is queries 16kk.., 32 bytes into the rows; B MN-major: query
+           rows 16kk..), then of dQ = dS K (A = dS^T and B = K MN-major: keys 16kk..) */
+        wg_fence();
+        {
+            const Desc pa_ = desc_sw128(sP, 16, 1024), sa_ = desc_sw128(sdS, 16, 1024);
+            const Desc dob = desc_sw128(sdO + 2 * c * C::Q_PANEL, C::Q_PANEL, 1024);
+            const Desc dqb = desc_sw128(sQ + 2 * c * C::Q_PANEL, C::Q_PANEL, 1024);
+#pragma unroll
+            for (int kk = 0; kk < BM / 16; kk++)
+                Wgmma<T, 128>::ss_bt(dv, desc_at(pa_, kk * 32), desc_at(dob, kk * 2048), 1);
+#pragma unroll
+            for (int kk = 0; kk < BM / 16; kk++)
+                Wgmma<T, 128>::ss_bt(dk, desc_at(sa_, kk * 32), desc_at(dqb, kk * 2048), 1);
+            wg_commit();
+        }
+        if (DQ) {
+            float dq[64];
+#pragma unroll
+            for (int i = 0; i < 64; i++) dq[i] = 0.f;
+            wg_pin(dq);
+            wg_fence();
+            const Desc dsa = desc_sw128(sdS, C::DS_PANEL, 1024);
+            const Desc dkb = desc_sw128(sK + 2 * c * C::KV_PANEL, C::KV_PANEL, 1024);
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++)
+                Wgmma<T, 128>::ss_t(dq, desc_at(dsa, kk * 2048), desc_at(dkb, kk * 2048), 1);
+            wg_commit();
+            wg_wait<0>();
+            wg_pin(dq);
+            wg_pin(dv);
+            wg_pin(dk);
+            red_dq<256, 16>(a, (int64_t)h * a.ws_rows + k.wrow0 + i0, 0, 128 * c, warp, g4, t4, dq);
+        } else {
+            wg_wait<0>();
+            wg_pin(dv);
+            wg_pin(dk);
+        }
+        asm volatile("bar.sync 1, 256;\n" ::: "memory"); /* the tile is done everywhere */
+    }
+    store_dkv<T, C, 16>(a, k, base, sm, dk, dv, kl0, 128 * c, t4);
 #endif
 }
 

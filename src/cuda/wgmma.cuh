@@ -169,6 +169,7 @@ template <int N> __device__ __forceinline__ void wg_pin(uint32_t (&a)[N][4]) {
  * of each warp's 16 rows) += A (64 x 16) B (16 x N):
  *   ss: A and B in shared memory, both K-major (descriptors);
  *   ss_t: A and B in shared memory, both MN-major (imm-trans-a 1, imm-trans-b 1);
+ *   ss_bt: A K-major, B MN-major (imm-trans-b 1);
  *   rs: A from registers (each warp's m16k16 A fragments), B MN-major (imm-trans-b 1).
  * scale_d 0 overwrites d instead of adding to it.
  */
@@ -207,6 +208,14 @@ template <typename T, int N> struct Wgmma;
             asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SS_SC ", 0;\n"                      \
                          "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PT "." PT " {"          \
                          FA_WG_R##NR "}, " SS_AB ", p, 1, 1, 1, 1;\n}\n"                            \
+                         : FA_WG_D##NR                                                             \
+                         : "l"(da), "l"(db), "r"(scale_d));                                       \
+        }                                                                                         \
+        __device__ __forceinline__ static void ss_bt(float (&d)[NR], uint64_t da, uint64_t db,   \
+                                                     int scale_d) {                               \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SS_SC ", 0;\n"                      \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PT "." PT " {"          \
+                         FA_WG_R##NR "}, " SS_AB ", p, 1, 1, 0, 1;\n}\n"                            \
                          : FA_WG_D##NR                                                             \
                          : "l"(da), "l"(db), "r"(scale_d));                                       \
         }                                                                                         \
