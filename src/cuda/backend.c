@@ -427,7 +427,7 @@ static const char *const k_dts[] = {"f16", "bf16", "f32"};
 #define N_ATTN (N_OPS * N_DIMS * 2)
 static const int k_sm90_dims[] = {64, 128, 256};
 #define N_SM90 ((int)(sizeof k_sm90_dims / sizeof k_sm90_dims[0]) * 2)
-static const int k_sm90_bwd_dims[] = {64, 128};
+static const int k_sm90_bwd_dims[] = {64, 128, 256};
 #define N_SM90_BWD ((int)(sizeof k_sm90_bwd_dims / sizeof k_sm90_bwd_dims[0]) * 2)
 static char g_names[N_ATTN + 3 + N_SM90 + N_SM90_BWD][40];
 
