@@ -1,7 +1,7 @@
 /*
  * cuda/bwd_sm80.cu — fa_sm80_bwd and its workspace: the FlashAttention-2 backward on sm_80+
  * (mma.sync m16n8k16, ldmatrix, cp.async; no CUTLASS); and fa_sm90_bwd, the same passes with
- * the Hopper main kernel (bwd_sm90.cuh: wgmma, TMA) in place of step 2 for d 64 and 128.
+ * the Hopper main kernel (bwd_sm90.cuh: wgmma, TMA) in place of step 2 for d 64, 128 and 256.
  *
  * Kernels, in stream order:
  *   1. pre (bwd_sm80_aux.cu): D_i = rowsum(dO * O) and LSE * log2(e) per query row into the
