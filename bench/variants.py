@@ -46,18 +46,13 @@ def main(argv):
         cud, fl = peer.get((k, "cudnn")), peer.get((k, "flash"))
         cells = ["%.1f" % rows[k][n] if n in rows[k] else "–" for n in names]
         ratios = []
-        for n in names:
-            if n in rows[k] and cud:
-                ratios.append("%.2f" % (rows[k][n] / cud))
-                logs[n].append(math.log(rows[k][n] / cud))
-            else:
-                ratios.append("–")
-        for n in names:
-            if n in rows[k] and fl:
-                ratios.append("%.2f" % (rows[k][n] / fl))
-                logs_fl[n].append(math.log(rows[k][n] / fl))
-            else:
-                ratios.append("–")
+        for ref, lg in ((cud, logs), (fl, logs_fl)):
+            for n in names:
+                if n in rows[k] and ref:
+                    ratios.append("%.2f" % (rows[k][n] / ref))
+                    lg[n].append(math.log(rows[k][n] / ref))
+                else:
+                    ratios.append("–")
         print("| %d | %d | %s | %s | %s | %s | %s |" % (
             k[1], k[2], "yes" if k[4] else "no", " | ".join(cells),
             "%.1f" % fl if fl else "–", "%.1f" % cud if cud else "–", " | ".join(ratios)))

@@ -227,26 +227,42 @@ static fa_status cuda_fwd_workspace(fa_context *ctx, const fa_problem *p, size_t
     return FA_OK;
 }
 
+typedef fa_status (*launch_fn)(const fa_problem *, fa_cuda_launch *);
+
+/* The Hopper kernel where `hopper` says it has the problem, else the sm80 one. The Hopper
+   kernel declining a call (strides, shared memory, a build without sm_90a code, ...) is a
+   fallback, recorded in why (an error in strict mode). */
+static fa_status run_kernel(fa_context *ctx, const char *fn, int hopper, launch_fn sm90,
+                            launch_fn sm80, const fa_problem *p, fa_cuda_launch *l, char *why,
+                            size_t why_len) {
+    fa_status st = FA_ERR_UNSUPPORTED;
+    why[0] = 0;
+    if (hopper) {
+        st = sm90(p, l);
+        if (st == FA_ERR_UNSUPPORTED && ctx->strict)
+            return fa_fail(ctx, st, "%s: strict mode: %s", fn, l->msg);
+        if (st == FA_ERR_UNSUPPORTED) { /* the record's reason field is shorter than msg */
+            const size_t n = strnlen(l->msg, why_len - 1);
+            memcpy(why, l->msg, n);
+            why[n] = 0;
+        }
+        else if (st != FA_OK) return fa_fail(ctx, st, "%s: %s", fn, l->msg);
+    }
+    if (st != FA_OK) {
+        st = sm80(p, l);
+        if (st != FA_OK) return fa_fail(ctx, st, "%s: %s", fn, l->msg);
+    }
+    return FA_OK;
+}
+
 static fa_status cuda_fwd(fa_context *ctx, const fa_problem *pin, void *ws, size_t ws_bytes) {
     fa_problem p = *pin;
     fa_cuda_launch l;
     TRY(launch_init(ctx, "fa_fwd", &l, ws, ws_bytes));
     TRY(varlen(ctx, "fa_fwd", &p, ws));
-    char why[sizeof l.msg] = "";
-    fa_status st = FA_ERR_UNSUPPORTED;
-    /* sm_90: the Hopper kernel where it has the head dim; declining such a call (strides,
-       shared memory, a build without sm_90a code) is a fallback, recorded with its reason */
-    if (l.cc == 90 && sm90_fwd_enabled() && fa_sm90_fwd_covers(&p)) {
-        st = fa_sm90_fwd(&p, &l);
-        if (st == FA_ERR_UNSUPPORTED && ctx->strict)
-            return fa_fail(ctx, st, "fa_fwd: strict mode: %s", l.msg);
-        if (st == FA_ERR_UNSUPPORTED) snprintf(why, sizeof why, "%s", l.msg);
-        else if (st != FA_OK) return fa_fail(ctx, st, "fa_fwd: %s", l.msg);
-    }
-    if (st != FA_OK) {
-        st = fa_sm80_fwd(&p, &l);
-        if (st != FA_OK) return fa_fail(ctx, st, "fa_fwd: %s", l.msg);
-    }
+    char why[sizeof ctx->sel.reason];
+    TRY(run_kernel(ctx, "fa_fwd", l.cc == 90 && sm90_fwd_enabled() && fa_sm90_fwd_covers(&p),
+                   fa_sm90_fwd, fa_sm80_fwd, &p, &l, why, sizeof why));
     record(ctx, "fwd", &l, fwd_workspace(&p));
     if (why[0]) snprintf(ctx->sel.reason, sizeof ctx->sel.reason, "%s", why);
     return FA_OK;
@@ -269,21 +285,9 @@ static fa_status cuda_bwd(fa_context *ctx, const fa_problem *pin, void *ws, size
     if (need > l.ws_bytes)
         return fa_fail(ctx, FA_ERR_INTERNAL, "fa_bwd: workspace of %zu bytes, kernels need %zu",
                        l.ws_bytes, need);
-    char why[sizeof l.msg] = "";
-    fa_status st = FA_ERR_UNSUPPORTED;
-    /* sm_90: the Hopper main kernel where it has the head dim; declining is a recorded
-       fallback (an error in strict mode), as for the forward */
-    if (l.cc == 90 && sm90_bwd_enabled() && fa_sm90_bwd_covers(&p)) {
-        st = fa_sm90_bwd(&p, &l);
-        if (st == FA_ERR_UNSUPPORTED && ctx->strict)
-            return fa_fail(ctx, st, "fa_bwd: strict mode: %s", l.msg);
-        if (st == FA_ERR_UNSUPPORTED) snprintf(why, sizeof why, "%s", l.msg);
-        else if (st != FA_OK) return fa_fail(ctx, st, "fa_bwd: %s", l.msg);
-    }
-    if (st != FA_OK) {
-        st = fa_sm80_bwd(&p, &l);
-        if (st != FA_OK) return fa_fail(ctx, st, "fa_bwd: %s", l.msg);
-    }
+    char why[sizeof ctx->sel.reason];
+    TRY(run_kernel(ctx, "fa_bwd", l.cc == 90 && sm90_bwd_enabled() && fa_sm90_bwd_covers(&p),
+                   fa_sm90_bwd, fa_sm80_bwd, &p, &l, why, sizeof why));
     record(ctx, "bwd", &l, WS_HEAD + need);
     if (why[0]) snprintf(ctx->sel.reason, sizeof ctx->sel.reason, "%s", why);
     return FA_OK;

@@ -137,6 +137,25 @@ __device__ __forceinline__ void load_tile(const Sm90Args &g, const Blk &k, uint3
     bulk_load(base + C::OFF_DD + st * C::BM * 4, g.a.dsum + w, C::BM * 4, bar);
 }
 
+/* The block's mbarriers (K/V, one per stage), then thread 0's first copies: K, V and the first
+   two query tiles. */
+template <typename C>
+__device__ __forceinline__ void start_block(const Sm90Args &g, const Blk &k, uint32_t base) {
+    using namespace fa::sm90;
+    const uint32_t bar_kv = base + C::OFF_BAR;
+    if (threadIdx.x == 0) {
+        mbar_init(bar_kv, 1);
+        for (int st = 0; st < C::STAGES; st++) mbar_init(bar_kv + 8 + 8 * st, 1);
+        mbar_init_fence();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0 && k.niter > 0) {
+        load_kv<C>(g, k, base);
+        load_tile<C>(g, k, base, 0);
+        if (k.niter > 1) load_tile<C>(g, k, base, 1);
+    }
+}
+
 /* P^T in place of S^T (raw q.k) without softcap, in the accumulator layout of a warpgroup's
    64 keys (this thread's keys j0 + kl0 and + 8; queries i0 + 8j + 2t4 + 0/1). `full`: every
    key visible to every row of the tile, and no ALiBi: no per-element work. LSE2 is +inf for
@@ -263,17 +282,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_sm90_kernel(const __grid_co
     if (!k.valid()) return; /* varlen: this sequence has fewer keys (uniform per block) */
     const int niter = k.niter;
 
-    if (tid == 0) {
-        mbar_init(bar_kv, 1);
-        for (int st = 0; st < STAGES; st++) mbar_init(bar_full + 8 * st, 1);
-        mbar_init_fence();
-    }
-    __syncthreads();
-    if (tid == 0 && niter > 0) {
-        load_kv<C>(g, k, base);
-        load_tile<C>(g, k, base, 0);
-        if (niter > 1) load_tile<C>(g, k, base, 1);
-    }
+    start_block<C>(g, k, base);
 
     /* accumulators of the warpgroup's 64 keys: n8 tile j holds (key kl0, columns 8j + 2t4 +
        0/1) in [4j], [4j+1] and (key kl0 + 8, ...) in [4j+2], [4j+3] */
@@ -457,17 +466,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_sm90_d256_kernel(const __gr
     if (!k.valid()) return;
     const int niter = k.niter;
 
-    if (tid == 0) {
-        mbar_init(bar_kv, 1);
-        for (int st = 0; st < STAGES; st++) mbar_init(bar_full + 8 * st, 1);
-        mbar_init_fence();
-    }
-    __syncthreads();
-    if (tid == 0 && niter > 0) {
-        load_kv<C>(g, k, base);
-        load_tile<C>(g, k, base, 0);
-        if (niter > 1) load_tile<C>(g, k, base, 1);
-    }
+    start_block<C>(g, k, base);
 
     /* this thread's keys kl0, kl0 + 8 (of the block's 64) in every accumulator */
     const int kl0 = 16 * warp + g4;

@@ -190,35 +190,26 @@ template <typename T, int N> struct Wgmma;
 #define FA_WG_R64 FA_WG_R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define FA_WG_R128 FA_WG_R64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
 
+/* One product from shared memory: NAME, with the transposes TRANS ("imm-trans-a, imm-trans-b")
+   of the operands (the other arguments as FA_WGMMA's). */
+#define FA_WG_SS(NAME, TRANS, PT, N, NR, SS_AB, SS_SC)                                          \
+    __device__ __forceinline__ static void NAME(float (&d)[NR], uint64_t da, uint64_t db,       \
+                                                int scale_d) {                                    \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SS_SC ", 0;\n"                          \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PT "." PT " {"              \
+                     FA_WG_R##NR "}, " SS_AB ", p, 1, 1, " TRANS ";\n}\n"                            \
+                     : FA_WG_D##NR                                                                 \
+                     : "l"(da), "l"(db), "r"(scale_d));                                           \
+    }
+
 /* One specialisation: T (PT its PTX type), n N, NR accumulator registers; the operand numbers
    after the accumulator (SS_*: the two descriptors and scale_d; RS_*: A's four registers, B's
    descriptor and scale_d) as text, since the asm string must spell them. */
 #define FA_WGMMA(T, PT, N, NR, SS_AB, SS_SC, RS_AB, RS_SC)                                        \
     template <> struct Wgmma<T, N> {                                                              \
-        __device__ __forceinline__ static void ss(float (&d)[NR], uint64_t da, uint64_t db,      \
-                                                  int scale_d) {                                  \
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SS_SC ", 0;\n"                      \
-                         "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PT "." PT " {"          \
-                         FA_WG_R##NR "}, " SS_AB ", p, 1, 1, 0, 0;\n}\n"                            \
-                         : FA_WG_D##NR                                                             \
-                         : "l"(da), "l"(db), "r"(scale_d));                                       \
-        }                                                                                         \
-        __device__ __forceinline__ static void ss_t(float (&d)[NR], uint64_t da, uint64_t db,    \
-                                                    int scale_d) {                                \
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SS_SC ", 0;\n"                      \
-                         "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PT "." PT " {"          \
-                         FA_WG_R##NR "}, " SS_AB ", p, 1, 1, 1, 1;\n}\n"                            \
-                         : FA_WG_D##NR                                                             \
-                         : "l"(da), "l"(db), "r"(scale_d));                                       \
-        }                                                                                         \
-        __device__ __forceinline__ static void ss_bt(float (&d)[NR], uint64_t da, uint64_t db,   \
-                                                     int scale_d) {                               \
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SS_SC ", 0;\n"                      \
-                         "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PT "." PT " {"          \
-                         FA_WG_R##NR "}, " SS_AB ", p, 1, 1, 0, 1;\n}\n"                            \
-                         : FA_WG_D##NR                                                             \
-                         : "l"(da), "l"(db), "r"(scale_d));                                       \
-        }                                                                                         \
+        FA_WG_SS(ss, "0, 0", PT, N, NR, SS_AB, SS_SC)                                             \
+        FA_WG_SS(ss_t, "1, 1", PT, N, NR, SS_AB, SS_SC)                                           \
+        FA_WG_SS(ss_bt, "0, 1", PT, N, NR, SS_AB, SS_SC)                                          \
         __device__ __forceinline__ static void rs(float (&d)[NR], const uint32_t (&a)[4],        \
                                                   uint64_t db, int scale_d) {                     \
             asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " RS_SC ", 0;\n"                      \
@@ -237,6 +228,7 @@ FA_WGMMA_SIZES(__nv_bfloat16, "bf16")
 FA_WGMMA_SIZES(__half, "f16")
 #undef FA_WGMMA_SIZES
 #undef FA_WGMMA
+#undef FA_WG_SS
 
 } // namespace sm90
 } // namespace fa
