@@ -1,5 +1,5 @@
 /*
- * cuda/bwd_sm90.cuh — the Hopper (sm_90a) main kernel of the backward: the sm80 kernel's job
+ * cuda/bwd_sm90.cuh — the Hopper (sm_90a) main kernels of the backward: the sm80 kernel's job
  * (bwd_sm80_main.cuh: dK, dV of one key tile, dQ by fp32 atomics) on wgmma and the copy
  * engine. The passes around it (pre, post dQ, post dKV) and the workspace are the sm80
  * backward's (bwd_sm80.cu); the host side is bwd_sm90.cu.
