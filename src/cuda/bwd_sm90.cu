@@ -1,6 +1,6 @@
 /*
- * cuda/bwd_sm90.cu — the host side of the Hopper backward's main kernel (bwd_sm90.cuh): what it
- * refuses, its tensor maps and its launch. bwd_sm80.cu runs the passes around it.
+ * cuda/bwd_sm90.cu — the host side of the Hopper backward's main kernels (bwd_sm90.cuh): what they
+ * refuse, their tensor maps and their launch. bwd_sm80.cu runs the passes around it.
  */
 #include <stdio.h>
 
@@ -39,7 +39,7 @@ cudaError_t launch(const Sm90Args &g, cudaStream_t st) {
     return cudaGetLastError();
 }
 
-template <typename T, typename C> cudaError_t launch_dq(const Sm90Args &g, bool det, cudaStream_t st) {
+template <typename T, typename C> cudaError_t launch_det(const Sm90Args &g, bool det, cudaStream_t st) {
     return det ? launch<T, C, false>(g, st) : launch<T, C, true>(g, st);
 }
 
@@ -72,8 +72,8 @@ const char *sm90_bwd_prepare(const fa_problem *p, const fa_cuda_launch *l, Sm90A
 
 cudaError_t run_sm90_main(const Sm90Args &g, fa_dtype dt, bool det, cudaStream_t st) {
     return with_cfg(g.a.d, [&](auto c) {
-        return dt == FA_DTYPE_BF16 ? launch_dq<__nv_bfloat16, decltype(c)>(g, det, st)
-                                   : launch_dq<__half, decltype(c)>(g, det, st);
+        return dt == FA_DTYPE_BF16 ? launch_det<__nv_bfloat16, decltype(c)>(g, det, st)
+                                   : launch_det<__half, decltype(c)>(g, det, st);
     });
 }
 
