@@ -1,6 +1,6 @@
 /*
  * cuda/bwd_sm90.cu — the host side of the Hopper backward's main kernels (bwd_sm90.cuh): what they
- * refuse, their tensor maps and their launch. bwd_sm80.cu runs the passes around it.
+ * refuse, their tensor maps and their launch. bwd_sm80.cu runs the passes around them.
  */
 #include <stdio.h>
 
