@@ -192,6 +192,22 @@ __device__ __forceinline__ void p_of_t(float (&sc)[4 * NQ], const BwdArgs &a, co
         }
 }
 
+/* acc (64 x N) = A B^T: A the 64 rows of a K or V tile from sA, B the N rows of a Q or dO tile
+   at sB, both K-major in 64-column panels (k-step kk reads 32 bytes into the 128-byte rows of
+   panel kk / 4). Issued and committed, not waited for. */
+template <typename T, typename C, int N>
+__device__ __forceinline__ void issue_rows(float (&acc)[N / 2], uint32_t sA, uint32_t sB) {
+    using namespace fa::sm90;
+    const Desc da = desc_sw128(sA, 16, 1024), db = desc_sw128(sB, 16, 1024);
+#pragma unroll
+    for (int kk = 0; kk < C::D / 16; kk++) {
+        const uint32_t off = (kk % 4) * 32u;
+        Wgmma<T, N>::ss(acc, desc_at(da, (kk / 4) * C::KV_PANEL + off),
+                        desc_at(db, (kk / 4) * C::Q_PANEL + off), 1);
+    }
+    wg_commit();
+}
+
 /* The 16-bit pair (key kl, queries 8j + 2t4 ..) of a [key][query] tile in 128-byte-swizzled
    panels of 64 queries: chunk j % 8 of the row XOR the row's low bits */
 __device__ __forceinline__ uint32_t kq_off(uint32_t panel_bytes, int kl, int j, int t4) {
@@ -301,31 +317,15 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_sm90_kernel(const __grid_co
         const float *sL = (const float *)(sm + C::OFF_L) + st * BM;
         const float *sDd = (const float *)(sm + C::OFF_DD) + st * BM;
 
-        /* S^T and dP^T: k-step kk reads 32 bytes into the 128-byte rows of panel kk / 4 */
+        /* S^T and dP^T of this warpgroup's 64 keys */
         float sc[BM / 2], dp[BM / 2];
 #pragma unroll
         for (int i = 0; i < BM / 2; i++) sc[i] = dp[i] = 0.f;
         wg_pin(sc);
         wg_pin(dp);
         wg_fence();
-        {
-            const Desc dka = desc_sw128(sK + c * 64 * 128, 16, 1024), dqb = desc_sw128(sQ, 16, 1024);
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
-                const uint32_t off = (kk % 4) * 32u;
-                Wgmma<T, BM>::ss(sc, desc_at(dka, (kk / 4) * C::KV_PANEL + off),
-                                 desc_at(dqb, (kk / 4) * C::Q_PANEL + off), 1);
-            }
-            wg_commit();
-            const Desc dva = desc_sw128(sV + c * 64 * 128, 16, 1024), dob = desc_sw128(sdO, 16, 1024);
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
-                const uint32_t off = (kk % 4) * 32u;
-                Wgmma<T, BM>::ss(dp, desc_at(dva, (kk / 4) * C::KV_PANEL + off),
-                                 desc_at(dob, (kk / 4) * C::Q_PANEL + off), 1);
-            }
-            wg_commit();
-        }
+        issue_rows<T, C, BM>(sc, sK + c * 64 * 128, sQ);
+        issue_rows<T, C, BM>(dp, sV + c * 64 * 128, sdO);
 
         /* P^T while dP^T finishes (softcap: below, with dS) */
         const bool full = i0 + BM <= k.s.sq && k.rk.lo(i0 + BM - 1) <= k.j0 && k.rk.hi(i0) >= k.j0 + BN;
@@ -492,17 +492,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_sm90_d256_kernel(const __gr
         for (int i = 0; i < BM / 2; i++) sc[i] = 0.f;
         wg_pin(sc);
         wg_fence();
-        {
-            const Desc da_ = desc_sw128(c == 0 ? sK : sV, 16, 1024);
-            const Desc db_ = desc_sw128(c == 0 ? sQ : sdO, 16, 1024);
-#pragma unroll
-            for (int kk = 0; kk < 16; kk++) {
-                const uint32_t off = (kk % 4) * 32u;
-                Wgmma<T, BM>::ss(sc, desc_at(da_, (kk / 4) * C::KV_PANEL + off),
-                                 desc_at(db_, (kk / 4) * C::Q_PANEL + off), 1);
-            }
-            wg_commit();
-        }
+        issue_rows<T, C, BM>(sc, c == 0 ? sK : sV, c == 0 ? sQ : sdO);
         wg_wait<0>();
         wg_pin(sc);
         if (c == 0) {
