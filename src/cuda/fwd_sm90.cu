@@ -15,11 +15,13 @@ namespace sm90 {
 /* The kernel dimension for p's head dim, 0 for none. */
 int kernel_dim(int64_t d) { return d == 64 || d == 128 || d == 256 ? (int)d : 0; }
 
-size_t smem_for(int D) {
-    return D == 64 ? Tiles<64>::C::SMEM : D == 128 ? Tiles<128>::C::SMEM : Tiles<256>::C::SMEM;
-}
-int bn_for(int D) {
-    return D == 64 ? Tiles<64>::C::BN : D == 128 ? Tiles<128>::C::BN : Tiles<256>::C::BN;
+/* f(C{}) for the configuration of kernel head dim D (d 64: Tiles<64>::Alt when alt) */
+template <typename F> auto with_cfg(int D, bool alt, F f) {
+    switch (D) {
+    case 64: return alt ? f(Tiles<64>::Alt{}) : f(Tiles<64>::C{});
+    case 128: return alt ? f(Tiles<128>::Alt{}) : f(Tiles<128>::C{});
+    default: return f(Tiles<256>::C{});
+    }
 }
 
 /* Whether this build holds sm_90a code for the kernel (a build without it has only the empty
@@ -40,7 +42,9 @@ const char *refusal(const fa_problem *p, const fa_cuda_launch *l) {
     if (!D) return "head dims other than 64, 128, 256 (not yet)";
     if (!p->cu_q && p->batch > 1 && (p->q.sb == 0 || p->k.sb == 0 || p->v.sb == 0))
         return "a batch stride of 0";
-    if (smem_for(D) > l->smem_optin) return "shared memory";
+    if (with_cfg(D, false, [](auto c) { return decltype(c)::SMEM; }) > l->smem_optin ||
+        with_cfg(D, true, [](auto c) { return decltype(c)::SMEM; }) > l->smem_optin)
+        return "shared memory";
     if (!has_sm90a<Tiles<128>::C>()) return "this build (no sm_90a code)";
     if (!encode_fn()) return "no cuTensorMapEncodeTiled in this driver";
     return NULL;
@@ -48,21 +52,13 @@ const char *refusal(const fa_problem *p, const fa_cuda_launch *l) {
 
 template <typename T, typename C>
 cudaError_t launch(const Args &a, int sched, int grid, cudaStream_t st) {
-    auto kern = sched == PINGPONG ? fwd_sm90_kernel<T, C, PINGPONG> : fwd_sm90_kernel<T, C, OVERLAP>;
+    auto kern = sched == PINGPONG && C::NC == 2 ? fwd_sm90_kernel<T, C, PINGPONG>
+                                                : fwd_sm90_kernel<T, C, OVERLAP>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)C::SMEM);
     if (e != cudaSuccess) return e;
-    kern<<<grid, THREADS, C::SMEM, st>>>(a);
+    kern<<<grid, C::THREADS, C::SMEM, st>>>(a);
     return cudaGetLastError();
-}
-
-template <typename T>
-cudaError_t launch_dim(int D, const Args &a, int sched, int grid, cudaStream_t st) {
-    switch (D) {
-    case 64: return launch<T, Tiles<64>::C>(a, sched, grid, st);
-    case 128: return launch<T, Tiles<128>::C>(a, sched, grid, st);
-    default: return launch<T, Tiles<256>::C>(a, sched, grid, st);
-    }
 }
 
 /* bring-up switches until the GPU has chosen: FLASHATTN_SM90_<name>=<one of vals> (index),
@@ -82,6 +78,8 @@ int env_choice(const char *name, const char *const *vals, int n) {
  *   FLASHATTN_SM90_QEARLY=1|0     the next tile's Q after this tile's third K/V, or its last
  *   FLASHATTN_SM90_LAZY=<0..8>    softmax rescale threshold, log2 units (0: every increase)
  *   FLASHATTN_SM90_L2MB=<MB>      L2 budget of a tile group's K/V (default 12; 0: one pair)
+ *   FLASHATTN_SM90_D64=3|2        d 64 with three consumers or two (128-key tiles)
+ *   FLASHATTN_SM90_D128=128|176   d 128 key tiles (176: one Q buffer, O stored by threads)
  *   FLASHATTN_SM90_GRID=persistent|tiles|static|dynamic|<n>   persistent (default): one block
  *       per SM looping over the tiles, in the dynamic order where tiles differ in length
  *       (masks, varlen; it needs the workspace's counter), else static; tiles: one block per
@@ -89,7 +87,7 @@ int env_choice(const char *name, const char *const *vals, int n) {
  *       small n so that every block takes several tiles)
  */
 struct Switches {
-    int sched, cross, o_tma, q_early, gmode, blocks;
+    int sched, cross, o_tma, q_early, gmode, blocks, d64_alt, d128_alt;
     float lazy;
     double l2mb;
 };
@@ -109,6 +107,10 @@ Switches switches() {
     const char *l2 = getenv("FLASHATTN_SM90_L2MB");
     w.l2mb = l2 ? atof(l2) : 12.0; /* 24 was ~1% slower */
     w.gmode = env_choice("FLASHATTN_SM90_GRID", grid_vals, 4);
+    static const char *const d64_vals[] = {"3", "2"};
+    w.d64_alt = env_choice("FLASHATTN_SM90_D64", d64_vals, 2);
+    static const char *const d128_vals[] = {"128", "176"};
+    w.d128_alt = env_choice("FLASHATTN_SM90_D128", d128_vals, 2);
     const char *g = getenv("FLASHATTN_SM90_GRID");
     w.blocks = g && atoi(g) > 0 ? atoi(g) : 0;
     return w;
@@ -126,8 +128,11 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
         snprintf(l->msg, sizeof l->msg, "the sm90 forward does not take %s", why);
         return FA_ERR_UNSUPPORTED;
     }
-    const int D = kernel_dim(p->d), BN = bn_for(D);
     const Switches sw = switches();
+    const int D = kernel_dim(p->d);
+    const bool alt = D == 64 ? sw.d64_alt : D == 128 ? sw.d128_alt : false;
+    const int BN = with_cfg(D, alt, [](auto c) { return decltype(c)::BN; });
+    const int BM = with_cfg(D, alt, [](auto c) { return decltype(c)::BM; });
     Args a;
     memset(&a, 0, sizeof a);
     /* varlen: one sequence of all the tokens, batch 1 */
@@ -172,7 +177,8 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.cross = sw.cross;
     a.q_early = sw.q_early;
     a.lazy = sw.lazy;
-    const int sched = sw.sched, gmode = sw.gmode;
+    /* the ping-pong turns are written for two consumers */
+    const int sched = BM == 128 ? sw.sched : (int)OVERLAP, gmode = sw.gmode;
     const bool uneven = a.m.win_left >= 0 || a.m.win_right >= 0 || p->cu_q;
     const bool dynamic = l->ws && l->ws_bytes >= 4 && (gmode == 3 || (gmode == 0 && uneven));
     const int blocks = sw.blocks > 0 ? sw.blocks : l->num_sms > 0 ? l->num_sms : 1;
@@ -185,14 +191,16 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
         e = cudaMemsetAsync(a.counter, 0, sizeof(int), st);
     }
     if (e == cudaSuccess && a.tiles > 0)
-        e = p->dtype == FA_DTYPE_BF16 ? launch_dim<__nv_bfloat16>(D, a, sched, grid, st)
-                                      : launch_dim<__half>(D, a, sched, grid, st);
+        e = with_cfg(D, alt, [&](auto c) {
+            return p->dtype == FA_DTYPE_BF16 ? launch<__nv_bfloat16, decltype(c)>(a, sched, grid, st)
+                                             : launch<__half, decltype(c)>(a, sched, grid, st);
+        });
     snprintf(l->kernel, sizeof l->kernel, "sm90_fwd_d%d_%s%s%s%s", D, fa_dtype_name(p->dtype),
              fa_cuda_mask_name(p), sched_name[sched],
              grid == a.tiles ? "" : a.counter ? "_dynamic" : "_static");
     l->tile_q = BM;
     l->tile_k = BN;
-    l->threads = THREADS;
+    l->threads = with_cfg(D, alt, [](auto c) { return decltype(c)::THREADS; });
     if (e != cudaSuccess) {
         snprintf(l->msg, sizeof l->msg, "%s: %s", l->kernel, cudaGetErrorString(e));
         return FA_ERR_CUDA;

@@ -47,24 +47,35 @@
 namespace fa {
 namespace sm90 {
 
-constexpr int BM = 128, THREADS = 384; /* 64 query rows per consumer warpgroup */
-
-/* NQ Q buffers: with 2, the next tile's Q arrives while this one's products run */
-template <int D_, int BN_, int STAGES_, int NQ_> struct Cfg {
+/* NQ Q buffers: with 2, the next tile's Q arrives while this one's products run. NC consumer
+   warpgroups of 64 query rows each (a work tile is BM = 64 NC rows); the producer keeps
+   REG_P registers and the consumers take the rest (setmaxnreg). */
+template <int D_, int BN_, int STAGES_, int NQ_, int NC_ = 2, int REG_P_ = 40> struct Cfg {
     static constexpr int D = D_, BN = BN_, STAGES = STAGES_, NQ = NQ_, PANELS = D / 64;
+    static constexpr int NC = NC_, BM = 64 * NC, THREADS = 128 * (NC + 1), CTHREADS = 128 * NC;
+    static constexpr int REG_P = REG_P_, REG_C = (65536 / 128 - REG_P) / NC / 8 * 8;
     static constexpr uint32_t Q_PANEL = 64 * 128, Q_WG = PANELS * Q_PANEL; /* bytes */
     static constexpr uint32_t KV_PANEL = BN * 128, KV_TILE = PANELS * KV_PANEL;
-    static constexpr uint32_t OFF_K = NQ * 2 * Q_WG, OFF_V = OFF_K + STAGES * KV_TILE;
+    static constexpr uint32_t OFF_K = NQ * NC * Q_WG, OFF_V = OFF_K + STAGES * KV_TILE;
     static constexpr uint32_t OFF_BAR = OFF_V + STAGES * KV_TILE;
     static constexpr uint32_t OFF_TILE = OFF_BAR + 8 * (2 * NQ + 4 * STAGES);
     static constexpr size_t SMEM = OFF_TILE + 4 * NQ + 1024; /* + aligning */
     static_assert(D % 64 == 0 && BN % 16 == 0 && KV_PANEL % 1024 == 0, "1024-byte tiles");
 };
 template <int D> struct Tiles;
-template <> struct Tiles<64> { using C = Cfg<64, 128, 3, 2>; };
-template <> struct Tiles<128> { using C = Cfg<128, 128, 2, 2>; };
+/* d 64: three consumers (192-row tiles, FA3's d 64 shape): the softmax, as long as the products
+   at this head dim, has a third warpgroup's products to hide behind; 64-key tiles, since S and
+   P of 128 keys spill in the 152 registers three consumers leave */
+template <> struct Tiles<64> {
+    using C = Cfg<64, 128, 3, 2, 3, 24>;
+    using Alt = Cfg<64, 128, 3, 2>; /* two consumers, 128-key tiles (FLASHATTN_SM90_D64=2) */
+};
+template <> struct Tiles<128> {
+    using C = Cfg<128, 128, 2, 2>;
+    using Alt = Cfg<128, 176, 2, 1, 2, 24>; /* FA3's non-causal d 128 (FLASHATTN_SM90_D128=176) */
+};
 /* d 256: 80 keys (as FlashAttention-3): S's 40 registers still fit beside O's 128 */
-template <> struct Tiles<256> { using C = Cfg<256, 80, 2, 1>; };
+template <> struct Tiles<256> { using C = Cfg<256, 80, 2, 1>; using Alt = C; };
 
 struct Args {
     CUtensorMap tq, tk, tv; /* (d, head, token, batch); boxes (64, 1, rows, 1): Q 64, K/V BN */
@@ -118,8 +129,9 @@ __device__ __forceinline__ int hi_of(const Args &a, const Tile &w, int i) {
  * hardware, or in strides of the grid by the persistent launch) share K/V through the L2 and
  * start with the longest work. False: the block lies past its (varlen) sequence.
  */
-template <int BN>
+template <typename C>
 __device__ __forceinline__ bool tile_of(const Args &a, int t, Tile &w) {
+    constexpr int BM = C::BM, BN = C::BN;
     const int per_group = a.group_hb * a.mblocks, grp = t / per_group, r = t - grp * per_group;
     const int gsz = min(a.group_hb, a.heads * a.batch - grp * a.group_hb);
     const int m_block = a.mblocks - 1 - r / gsz, hb = grp * a.group_hb + r % gsz;
@@ -146,9 +158,10 @@ __device__ __forceinline__ bool tile_of(const Args &a, int t, Tile &w) {
 }
 
 template <typename T, typename C, int SCHED>
-__global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_constant__ Args a) {
+__global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_constant__ Args a) {
 #ifdef FA_SM90A_DEVICE
     constexpr int D = C::D, BN = C::BN, STAGES = C::STAGES, NQ = C::NQ, PANELS = C::PANELS;
+    constexpr int NC = C::NC;
     constexpr uint32_t Q_PANEL = C::Q_PANEL, Q_WG = C::Q_WG, KV_PANEL = C::KV_PANEL;
     constexpr uint32_t KV_TILE = C::KV_TILE, OFF_K = C::OFF_K, OFF_V = C::OFF_V;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -165,13 +178,13 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
     if (tid == 0) {
         for (int q = 0; q < NQ; q++) {
             mbar_init(bar_q + 8 * q, 1);
-            mbar_init(bar_qempty + 8 * q, 256);
+            mbar_init(bar_qempty + 8 * q, C::CTHREADS);
         }
         for (int s = 0; s < STAGES; s++) {
             mbar_init(bar_kfull + 8 * s, 1);
             mbar_init(bar_vfull + 8 * s, 1);
-            mbar_init(bar_kempty + 8 * s, 256);
-            mbar_init(bar_vempty + 8 * s, 256);
+            mbar_init(bar_kempty + 8 * s, C::CTHREADS);
+            mbar_init(bar_vempty + 8 * s, C::CTHREADS);
         }
         mbar_init_fence();
     }
@@ -185,7 +198,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
        and, once both consumers are done with the next Q buffer's previous tile, writes the
        next tile's index beside that buffer and loads its Q (load_q). ---- */
     if (wg == 0) {
-        regs_dec<40>();
+        regs_dec<C::REG_P>();
         if (tid == 0) {
             int s = 0, tc = 0, t = blockIdx.x; /* the ring's slot and phase */
             uint32_t ph = 0;
@@ -202,16 +215,16 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
                     mbar_arrive(bar_q + 8 * qb);
                     return;
                 }
-                mbar_expect_tx(bar_q + 8 * qb, 2 * Q_WG);
+                mbar_expect_tx(bar_q + 8 * qb, NC * Q_WG);
 #pragma unroll 1
-                for (int c = 0; c < 2; c++)
+                for (int c = 0; c < NC; c++)
 #pragma unroll 1
                     for (int x = 0; x < PANELS; x++)
-                        tma_load4(base + (qb * 2 + c) * Q_WG + x * Q_PANEL, &a.tq, bar_q + 8 * qb,
+                        tma_load4(base + (qb * NC + c) * Q_WG + x * Q_PANEL, &a.tq, bar_q + 8 * qb,
                                   x * 64, w.h, w.q0 + w.row0 + 64 * c, w.bt);
             };
             auto find = [&](int t, Tile &x) {
-                while (t < a.tiles && !tile_of<BN>(a, t, x)) t = next(t);
+                while (t < a.tiles && !tile_of<C>(a, t, x)) t = next(t);
                 return t;
             };
             t = find(t, w);
@@ -257,7 +270,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
         }
         return;
     }
-    regs_inc<232>();
+    regs_inc<C::REG_C>();
 
     /* ---- consumer warpgroup c: query rows row0 + 64 c .. + 63 of each tile ---- */
     const int c = wg - 1, wtid = tid - 128 * wg, warp = wtid / 32, lane = wtid % 32;
@@ -427,7 +440,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
         mbar_wait(bar_q + 8 * qb, (uint32_t)(tc / NQ) & 1u);
         const int t = ld_shared_s32(tile_slot + 4 * qb);
         tc++;
-        q_smem = base + (qb * 2 + c) * Q_WG;
+        q_smem = base + (qb * NC + c) * Q_WG;
         q_empty = bar_qempty + 8 * qb;
         return t;
     };
@@ -515,7 +528,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
     uint32_t qempty = 0, sQn = 0, qempty_n = 0;
     int t = fetch(sQ, qempty);
     bool primed = false;
-    if (t >= 0) tile_of<BN>(a, t, w); /* true: the producer passed it */
+    if (t >= 0) tile_of<C>(a, t, w); /* true: the producer passed it */
     while (t >= 0) {
         const int nt = w.ntiles;
         if (!primed) {
@@ -526,7 +539,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
                 q_done(w, qempty);
                 store(out_of(w), by_tma(w), m, l, sQ, qempty);
                 t = fetch(sQ, qempty);
-                if (t >= 0) tile_of<BN>(a, t, w);
+                if (t >= 0) tile_of<C>(a, t, w);
                 continue;
             }
             wait_k(ring);
@@ -567,7 +580,7 @@ __global__ void __launch_bounds__(THREADS, 1) fwd_sm90_kernel(const __grid_const
         const int last = ring + nt - 1;
         t = fetch(sQn, qempty_n);
         Tile wn;
-        if (t >= 0) tile_of<BN>(a, t, wn);
+        if (t >= 0) tile_of<C>(a, t, wn);
         if (a.cross && t >= 0 && wn.ntiles > 0) {
             /* the next tile's first S with this tile's last P V */
             wait_k(last + 1);
