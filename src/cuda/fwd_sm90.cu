@@ -15,13 +15,22 @@ namespace sm90 {
 /* The kernel dimension for p's head dim, 0 for none. */
 int kernel_dim(int64_t d) { return d == 64 || d == 128 || d == 256 ? (int)d : 0; }
 
-/* f(C{}) for the configuration of kernel head dim D (d 64: Tiles<64>::Alt when alt) */
-template <typename F> auto with_cfg(int D, bool alt, F f) {
+/* f(C{}) for the tiling of kernel head dim D (Tiles<D>::Long when lng) */
+template <typename F> auto with_cfg(int D, bool lng, F f) {
     switch (D) {
-    case 64: return alt ? f(Tiles<64>::Alt{}) : f(Tiles<64>::C{});
-    case 128: return alt ? f(Tiles<128>::Alt{}) : f(Tiles<128>::C{});
+    case 64: return lng ? f(Tiles<64>::Long{}) : f(Tiles<64>::C{});
+    case 128: return lng ? f(Tiles<128>::Long{}) : f(Tiles<128>::C{});
     default: return f(Tiles<256>::C{});
     }
+}
+
+/* Whether p takes the Long tiling: where the GPU runs found it faster (bench/NOTES.md, d 64
+   from 2048 keys unmasked and 8192 masked, d 128 from 8192); FLASHATTN_SM90_TILES=short|long
+   overrides. */
+bool long_tiles(const fa_problem *p, int D, int choice, bool masked) {
+    if (choice) return choice == 2;
+    if (D == 64) return p->seqlen_k >= (masked ? 8192 : 2048);
+    return D == 128 && p->seqlen_k >= 8192;
 }
 
 /* Whether this build holds sm_90a code for the kernel (a build without it has only the empty
@@ -78,8 +87,7 @@ int env_choice(const char *name, const char *const *vals, int n) {
  *   FLASHATTN_SM90_QEARLY=1|0     the next tile's Q after this tile's third K/V, or its last
  *   FLASHATTN_SM90_LAZY=<0..8>    softmax rescale threshold, log2 units (0: every increase)
  *   FLASHATTN_SM90_L2MB=<MB>      L2 budget of a tile group's K/V (default 12; 0: one pair)
- *   FLASHATTN_SM90_D64=3|2        d 64 with three consumers or two (128-key tiles)
- *   FLASHATTN_SM90_D128=128|176   d 128 key tiles (176: one Q buffer, O stored by threads)
+ *   FLASHATTN_SM90_TILES=auto|short|long   the tiling (Tiles; auto: long_tiles's choice)
  *   FLASHATTN_SM90_GRID=persistent|tiles|static|dynamic|<n>   persistent (default): one block
  *       per SM looping over the tiles, in the dynamic order where tiles differ in length
  *       (masks, varlen; it needs the workspace's counter), else static; tiles: one block per
@@ -87,7 +95,7 @@ int env_choice(const char *name, const char *const *vals, int n) {
  *       small n so that every block takes several tiles)
  */
 struct Switches {
-    int sched, cross, o_tma, q_early, gmode, blocks, d64_alt, d128_alt;
+    int sched, cross, o_tma, q_early, gmode, blocks, tiles;
     float lazy;
     double l2mb;
 };
@@ -107,10 +115,8 @@ Switches switches() {
     const char *l2 = getenv("FLASHATTN_SM90_L2MB");
     w.l2mb = l2 ? atof(l2) : 12.0; /* 24 was ~1% slower */
     w.gmode = env_choice("FLASHATTN_SM90_GRID", grid_vals, 4);
-    static const char *const d64_vals[] = {"3", "2"};
-    w.d64_alt = env_choice("FLASHATTN_SM90_D64", d64_vals, 2);
-    static const char *const d128_vals[] = {"128", "176"};
-    w.d128_alt = env_choice("FLASHATTN_SM90_D128", d128_vals, 2);
+    static const char *const tiles_vals[] = {"auto", "short", "long"};
+    w.tiles = env_choice("FLASHATTN_SM90_TILES", tiles_vals, 3);
     const char *g = getenv("FLASHATTN_SM90_GRID");
     w.blocks = g && atoi(g) > 0 ? atoi(g) : 0;
     return w;
@@ -130,9 +136,10 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     }
     const Switches sw = switches();
     const int D = kernel_dim(p->d);
-    const bool alt = D == 64 ? sw.d64_alt : D == 128 ? sw.d128_alt : false;
-    const int BN = with_cfg(D, alt, [](auto c) { return decltype(c)::BN; });
-    const int BM = with_cfg(D, alt, [](auto c) { return decltype(c)::BM; });
+    const bool masked = p->win_left >= 0 || p->win_right >= 0;
+    const bool lng = long_tiles(p, D, sw.tiles, masked);
+    const int BN = with_cfg(D, lng, [](auto c) { return decltype(c)::BN; });
+    const int BM = with_cfg(D, lng, [](auto c) { return decltype(c)::BM; });
     Args a;
     memset(&a, 0, sizeof a);
     /* varlen: one sequence of all the tokens, batch 1 */
@@ -191,7 +198,7 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
         e = cudaMemsetAsync(a.counter, 0, sizeof(int), st);
     }
     if (e == cudaSuccess && a.tiles > 0)
-        e = with_cfg(D, alt, [&](auto c) {
+        e = with_cfg(D, lng, [&](auto c) {
             return p->dtype == FA_DTYPE_BF16 ? launch<__nv_bfloat16, decltype(c)>(a, sched, grid, st)
                                              : launch<__half, decltype(c)>(a, sched, grid, st);
         });
@@ -200,7 +207,7 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
              grid == a.tiles ? "" : a.counter ? "_dynamic" : "_static");
     l->tile_q = BM;
     l->tile_k = BN;
-    l->threads = with_cfg(D, alt, [](auto c) { return decltype(c)::THREADS; });
+    l->threads = with_cfg(D, lng, [](auto c) { return decltype(c)::THREADS; });
     if (e != cudaSuccess) {
         snprintf(l->msg, sizeof l->msg, "%s: %s", l->kernel, cudaGetErrorString(e));
         return FA_ERR_CUDA;

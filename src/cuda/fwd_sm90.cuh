@@ -62,20 +62,29 @@ template <int D_, int BN_, int STAGES_, int NQ_, int NC_ = 2, int REG_P_ = 40> s
     static constexpr size_t SMEM = OFF_TILE + 4 * NQ + 1024; /* + aligning */
     static_assert(D % 64 == 0 && BN % 16 == 0 && KV_PANEL % 1024 == 0, "1024-byte tiles");
 };
+/* Per head dim two tilings: C, and Long for long key sequences (fa_sm90_fwd picks; they differ
+   where wider tiles pay off only once a row has many key tiles). */
 template <int D> struct Tiles;
-/* d 64: three consumers (192-row tiles, FA3's d 64 shape): the softmax, as long as the products
-   at this head dim, has a third warpgroup's products to hide behind; 64-key tiles, since S and
-   P of 128 keys spill in the 152 registers three consumers leave */
+#ifndef FA_SM90_NQ
+#define FA_SM90_NQ 2
+#endif
+/* d 64, long: three consumers (192-row tiles, FA3's d 64 shape): a third warpgroup's products
+   to hide the softmax behind (as long as the products at this head dim); 24/160 registers */
 template <> struct Tiles<64> {
-    using C = Cfg<64, 128, 3, 2, 3, 24>;
-    using Alt = Cfg<64, 128, 3, 2>; /* two consumers, 128-key tiles (FLASHATTN_SM90_D64=2) */
+    using C = Cfg<64, 128, 3, FA_SM90_NQ>;
+    using Long = Cfg<64, 128, 3, FA_SM90_NQ, 3, 24>;
 };
+/* d 128, long: 176-key tiles (FA3's non-causal d 128): fewer per-tile reductions and waits;
+   the ring then leaves room for one Q buffer only (no early Q, O stored by the threads) */
 template <> struct Tiles<128> {
-    using C = Cfg<128, 128, 2, 2>;
-    using Alt = Cfg<128, 176, 2, 1, 2, 24>; /* FA3's non-causal d 128 (FLASHATTN_SM90_D128=176) */
+    using C = Cfg<128, 128, 2, FA_SM90_NQ>;
+    using Long = Cfg<128, 176, 2, 1, 2, 24>;
 };
 /* d 256: 80 keys (as FlashAttention-3): S's 40 registers still fit beside O's 128 */
-template <> struct Tiles<256> { using C = Cfg<256, 80, 2, 1>; using Alt = C; };
+template <> struct Tiles<256> {
+    using C = Cfg<256, 80, 2, 1>;
+    using Long = C;
+};
 
 struct Args {
     CUtensorMap tq, tk, tv; /* (d, head, token, batch); boxes (64, 1, rows, 1): Q 64, K/V BN */
@@ -88,8 +97,8 @@ struct Args {
     int heads, batch, mblocks, tiles, group_hb; /* work tiles: tile_of */
     int *counter; /* persistent grid, dynamic order: the next tile to take (zeroed per call) */
     int cross;    /* the pipeline runs on across work tiles (bring-up switch) */
-    int o_tma;    /* O leaves through the tile's Q buffer and the copy engine (NQ == 2) */
-    int q_early;  /* the next tile's Q is loaded early in this one (NQ == 2) */
+    int o_tma;    /* O leaves through the tile's Q buffer and the copy engine (NQ >= 2) */
+    int q_early;  /* the next tile's Q is loaded early in this one (NQ >= 2) */
     float lazy;   /* the running max moves only when it grows by more than this (log2) */
     ScoreMods m; /* windows (causal: right window 0, bottom-right), scale, softcap, ALiBi */
 };
@@ -235,7 +244,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             for (; t < a.tiles; tc++) {
                 const int nt = w.ntiles, hk = w.h / a.group, t_first = w.t_first;
                 const int k0 = w.k0, bt = w.bt;
-                const int q_at = NQ == 2 && a.q_early ? min(2, nt - 1) : nt - 1;
+                const int q_at = NQ < 2 || !a.q_early ? nt - 1 : NQ == 2 ? min(2, nt - 1) : 0;
                 int tn = 0;
                 if (nt == 0) {
                     tn = find(next(t), w);
@@ -467,7 +476,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         pending = 0;
     };
     auto by_tma = [&](const Tile &x) {
-        return C::NQ == 2 && a.o_tma && (!a.cu_q || x.row0 + 64 * c + 64 <= x.sq);
+        return C::NQ >= 2 && a.o_tma && (!a.cu_q || x.row0 + 64 * c + 64 <= x.sq);
     };
     /* after the tile's last S: the Q buffer goes back now unless O leaves through it */
     auto q_done = [&](const Tile &x, uint32_t q_empty) {
