@@ -50,15 +50,15 @@ namespace sm90 {
 /* NQ Q buffers: with 2, the next tile's Q arrives while this one's products run. NC consumer
    warpgroups of 64 query rows each (a work tile is BM = 64 NC rows); the producer keeps
    REG_P registers and the consumers take the rest (setmaxnreg). */
-template <int D_, int BN_, int KST_, int VST_, int NQ_, int NC_ = 2, int REG_P_ = 40> struct Cfg {
-    static constexpr int D = D_, BN = BN_, KST = KST_, VST = VST_, NQ = NQ_, PANELS = D / 64;
+template <int D_, int BN_, int STAGES_, int NQ_, int NC_ = 2, int REG_P_ = 40> struct Cfg {
+    static constexpr int D = D_, BN = BN_, STAGES = STAGES_, NQ = NQ_, PANELS = D / 64;
     static constexpr int NC = NC_, BM = 64 * NC, THREADS = 128 * (NC + 1), CTHREADS = 128 * NC;
     static constexpr int REG_P = REG_P_, REG_C = (65536 / 128 - REG_P) / NC / 8 * 8;
     static constexpr uint32_t Q_PANEL = 64 * 128, Q_WG = PANELS * Q_PANEL; /* bytes */
     static constexpr uint32_t KV_PANEL = BN * 128, KV_TILE = PANELS * KV_PANEL;
-    static constexpr uint32_t OFF_K = NQ * NC * Q_WG, OFF_V = OFF_K + KST * KV_TILE;
-    static constexpr uint32_t OFF_BAR = OFF_V + VST * KV_TILE;
-    static constexpr uint32_t OFF_TILE = OFF_BAR + 8 * (2 * NQ + 2 * KST + 2 * VST);
+    static constexpr uint32_t OFF_K = NQ * NC * Q_WG, OFF_V = OFF_K + STAGES * KV_TILE;
+    static constexpr uint32_t OFF_BAR = OFF_V + STAGES * KV_TILE;
+    static constexpr uint32_t OFF_TILE = OFF_BAR + 8 * (2 * NQ + 4 * STAGES);
     static constexpr size_t SMEM = OFF_TILE + 4 * NQ + 1024; /* + aligning */
     static_assert(D % 64 == 0 && BN % 16 == 0 && KV_PANEL % 1024 == 0, "1024-byte tiles");
 };
@@ -68,26 +68,18 @@ template <int D> struct Tiles;
 /* d 64, long: three consumers (192-row tiles, FA3's d 64 shape): a third warpgroup's products
    to hide the softmax behind (as long as the products at this head dim); 24/160 registers */
 template <> struct Tiles<64> {
-#if FA_SM90_TRY
-    using C = Cfg<64, 128, 4, 3, 3>;
-#else
-    using C = Cfg<64, 128, 3, 3, 3>;
-#endif
-    using Long = Cfg<64, 128, 3, 3, 2, 3, 24>;
+    using C = Cfg<64, 128, 3, 3>;
+    using Long = Cfg<64, 128, 3, 2, 3, 24>;
 };
 /* d 128, long: 176-key tiles (FA3's non-causal d 128): fewer per-tile reductions and waits;
    the ring then leaves room for one Q buffer only (no early Q, O stored by the threads) */
 template <> struct Tiles<128> {
-#if FA_SM90_TRY
-    using C = Cfg<128, 128, 3, 2, 2>; /* try: a third K stage instead of the third Q buffer */
-#else
-    using C = Cfg<128, 128, 2, 2, 3>;
-#endif
-    using Long = Cfg<128, 176, 2, 2, 1, 2, 24>;
+    using C = Cfg<128, 128, 2, 3>;
+    using Long = Cfg<128, 176, 2, 1, 2, 24>;
 };
 /* d 256: 80 keys (as FlashAttention-3): S's 40 registers still fit beside O's 128 */
 template <> struct Tiles<256> {
-    using C = Cfg<256, 80, 2, 2, 1>;
+    using C = Cfg<256, 80, 2, 1>;
     using Long = C;
 };
 
@@ -174,7 +166,7 @@ __device__ __forceinline__ bool tile_of(const Args &a, int t, Tile &w) {
 template <typename T, typename C, int SCHED>
 __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_constant__ Args a) {
 #ifdef FA_SM90A_DEVICE
-    constexpr int D = C::D, BN = C::BN, KST = C::KST, VST = C::VST, NQ = C::NQ, PANELS = C::PANELS;
+    constexpr int D = C::D, BN = C::BN, STAGES = C::STAGES, NQ = C::NQ, PANELS = C::PANELS;
     constexpr int NC = C::NC;
     constexpr uint32_t Q_PANEL = C::Q_PANEL, Q_WG = C::Q_WG, KV_PANEL = C::KV_PANEL;
     constexpr uint32_t KV_TILE = C::KV_TILE, OFF_K = C::OFF_K, OFF_V = C::OFF_V;
@@ -184,8 +176,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
        slot's K is released after S = Q K^T, its V after P V: in the overlapped schedules
        these are an iteration apart). Per Q buffer, the tile whose Q it holds (-1: none left). */
     const uint32_t bar_q = base + C::OFF_BAR, bar_qempty = bar_q + 8 * NQ;
-    const uint32_t bar_kfull = bar_qempty + 8 * NQ, bar_vfull = bar_kfull + 8 * KST;
-    const uint32_t bar_kempty = bar_vfull + 8 * VST, bar_vempty = bar_kempty + 8 * KST;
+    const uint32_t bar_kfull = bar_qempty + 8 * NQ, bar_vfull = bar_kfull + 8 * STAGES;
+    const uint32_t bar_kempty = bar_vfull + 8 * STAGES, bar_vempty = bar_kempty + 8 * STAGES;
     const uint32_t tile_slot = base + C::OFF_TILE;
     const int tid = threadIdx.x, wg = tid / 128;
 
@@ -194,12 +186,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             mbar_init(bar_q + 8 * q, 1);
             mbar_init(bar_qempty + 8 * q, C::CTHREADS);
         }
-        for (int s = 0; s < KST; s++) {
+        for (int s = 0; s < STAGES; s++) {
             mbar_init(bar_kfull + 8 * s, 1);
-            mbar_init(bar_kempty + 8 * s, C::CTHREADS);
-        }
-        for (int s = 0; s < VST; s++) {
             mbar_init(bar_vfull + 8 * s, 1);
+            mbar_init(bar_kempty + 8 * s, C::CTHREADS);
             mbar_init(bar_vempty + 8 * s, C::CTHREADS);
         }
         mbar_init_fence();
@@ -242,28 +232,24 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 while (t < a.tiles && !tile_of<C>(a, t, x)) t = next(t);
                 return t;
             };
-            /* key tile tok.. of kv head hk into ring position pos of the K (or V) ring of n
-               slots at off, once the consumers have given its slot back */
-            auto load_kv = [&](int pos, uint32_t off, int n, uint32_t full, uint32_t empty,
+            /* key tile tok.. of kv head hk into ring position pos of the K (or V) ring at off,
+               once the consumers have given its slot back */
+            auto load_kv = [&](int pos, uint32_t off, uint32_t full, uint32_t empty,
                                const CUtensorMap *map, int hk, int tok, int bt) {
-                const int s = pos % n;
-                mbar_wait(empty + 8 * s, ((uint32_t)(pos / n) & 1u) ^ 1u);
+                const int s = pos % STAGES;
+                mbar_wait(empty + 8 * s, ((uint32_t)(pos / STAGES) & 1u) ^ 1u);
                 mbar_expect_tx(full + 8 * s, KV_TILE);
 #pragma unroll 1
                 for (int x = 0; x < PANELS; x++)
                     tma_load4(base + off + s * KV_TILE + x * KV_PANEL, map, full + 8 * s, x * 64,
                               hk, tok, bt);
             };
-            /* With a deeper K ring than V ring (LAG) each V goes out after the next K: a K
-               then waits for a slot freed a whole iteration earlier than its V would */
-            constexpr bool LAG = KST > VST;
-            int v_hk = 0, v_tok = 0, v_bt = 0; /* the V owed (vpend) */
-            bool vpend = false;
             t = find(t, w);
             load_q(0, t, w);
-            /* With two Q buffers the next tile's Q goes out after the third K/V of this one
-               (its buffer comes back early in this tile), so its latency hides behind this
-               tile's products; with one, after the last. */
+            /* The next tile's Q goes out early in this one, so that its latency hides behind
+               this tile's products: with three Q buffers after the first K/V (its buffer was
+               given back a tile ago), with two after the third (its buffer comes back early in
+               this tile, once the tile before's O copy has read it), with one after the last. */
             for (; t < a.tiles; tc++) {
                 const int nt = w.ntiles, hk = w.h / a.group, t_first = w.t_first;
                 const int k0 = w.k0, bt = w.bt;
@@ -276,12 +262,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
 #pragma unroll 1
                 for (int it = 0; it < nt; it++) {
                     const int tok = k0 + (t_first + nt - 1 - it) * BN;
-                    load_kv(pos, OFF_K, KST, bar_kfull, bar_kempty, &a.tk, hk, tok, bt);
-                    if (!LAG)
-                        load_kv(pos, OFF_V, VST, bar_vfull, bar_vempty, &a.tv, hk, tok, bt);
-                    else if (vpend)
-                        load_kv(pos - 1, OFF_V, VST, bar_vfull, bar_vempty, &a.tv, v_hk, v_tok, v_bt);
-                    v_hk = hk, v_tok = tok, v_bt = bt, vpend = true;
+                    load_kv(pos, OFF_K, bar_kfull, bar_kempty, &a.tk, hk, tok, bt);
+                    load_kv(pos, OFF_V, bar_vfull, bar_vempty, &a.tv, hk, tok, bt);
                     pos++;
                     if (it == q_at) { /* w becomes the next tile */
                         tn = find(next(t), w);
@@ -290,7 +272,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 }
                 t = tn;
             }
-            if (LAG && vpend) load_kv(pos - 1, OFF_V, VST, bar_vfull, bar_vempty, &a.tv, v_hk, v_tok, v_bt);
         }
         return;
     }
@@ -409,11 +390,13 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             o[4 * j + 3] *= alpha[1];
         }
     };
-    /* Ring position pos (the producer's count of key tiles so far): the K ring's slot pos % KST
-       and the V ring's pos % VST, each with its phase; key0(it) is the first key of the current tile's key tile it (they run
+    /* Ring position pos (the producer's count of key tiles so far): its slot and phase, and the
+       slot's K and V; key0(it) is the first key of the current tile's key tile it (they run
        from the last to the first). */
-    auto k_smem = [&](int pos) { return base + OFF_K + (pos % KST) * KV_TILE; };
-    auto v_smem = [&](int pos) { return base + OFF_V + (pos % VST) * KV_TILE; };
+    auto slot = [&](int pos) { return pos % STAGES; };
+    auto phase = [&](int pos) { return (uint32_t)(pos / STAGES) & 1u; };
+    auto k_smem = [&](int pos) { return base + OFF_K + slot(pos) * KV_TILE; };
+    auto v_smem = [&](int pos) { return base + OFF_V + slot(pos) * KV_TILE; };
     auto key0 = [&](int it) { return (w.t_first + w.ntiles - 1 - it) * BN; };
 
     /* Varlen: the rows of a tile past its sequence's last key hold the next sequence's tokens
@@ -435,13 +418,13 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     /* waits for the K (or V) at ring position pos and gives the slot back once this thread's
        products have read it; V waits also zero the varlen tail of the current tile's key
        tile it */
-    auto wait_k = [&](int pos) { mbar_wait(bar_kfull + 8 * (pos % KST), (uint32_t)(pos / KST) & 1u); };
+    auto wait_k = [&](int pos) { mbar_wait(bar_kfull + 8 * slot(pos), phase(pos)); };
     auto wait_v = [&](int pos, int it) {
-        mbar_wait(bar_vfull + 8 * (pos % VST), (uint32_t)(pos / VST) & 1u);
+        mbar_wait(bar_vfull + 8 * slot(pos), phase(pos));
         clear_tail(pos, key0(it));
     };
-    auto free_k = [&](int pos) { mbar_arrive(bar_kempty + 8 * (pos % KST)); };
-    auto free_v = [&](int pos) { mbar_arrive(bar_vempty + 8 * (pos % VST)); };
+    auto free_k = [&](int pos) { mbar_arrive(bar_kempty + 8 * slot(pos)); };
+    auto free_v = [&](int pos) { mbar_arrive(bar_vempty + 8 * slot(pos)); };
 
     /* PINGPONG: the two consumers take turns issuing their products (named barriers 1 and 2,
        256 threads: one consumer syncs, the other arrives), so one's softmax runs while the
