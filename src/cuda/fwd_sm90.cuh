@@ -290,19 +290,17 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     float o[D / 2];
     float m[2], l[2];
 
-    /* S = Q K^T into sc (zeroed first): k-step kk reads 32 bytes into the 128-byte rows of
+    /* S = Q K^T into sc (the first k-step overwrites it: no zeroing by other instructions,
+       which ptxas would have to keep out of a pending product): k-step kk reads 32 bytes into the 128-byte rows of
        panel kk / 4. Issued, not waited for. */
     auto issue_s = [&](float (&sc)[BN / 2], uint32_t sK) {
-#pragma unroll
-        for (int i = 0; i < BN / 2; i++) sc[i] = 0.f;
-        wg_pin(sc);
         wg_fence();
         const Desc dq = desc_sw128(sQ, 16, 1024), dk = desc_sw128(sK, 16, 1024);
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
             const uint32_t off = (kk % 4) * 32u;
             Wgmma<T, BN>::ss(sc, desc_at(dq, (kk / 4) * Q_PANEL + off),
-                             desc_at(dk, (kk / 4) * KV_PANEL + off), 1);
+                             desc_at(dk, (kk / 4) * KV_PANEL + off), kk > 0);
         }
         wg_commit();
     };
@@ -583,8 +581,56 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         q_done(w, qempty);
         const bool otma = by_tma(w);
         const int last = ring + nt - 1;
-        t = fetch(sQn, qempty_n);
         Tile wn;
+        if constexpr (NQ == 1) {
+            /* One Q buffer: the next tile's Q has only just been asked for (the buffer went
+               back above), so this tile's last P V goes first and hides that load; then the
+               next tile's first S, under which this tile's O is stored. */
+            wait_v(last, nt - 1);
+            my_turn();
+            issue_pv(pa, v_smem(last));
+            your_turn();
+            t = fetch(sQn, qempty_n);
+            if (t >= 0) tile_of<C>(a, t, wn);
+            if (a.cross && t >= 0 && wn.ntiles > 0) {
+                wait_k(last + 1);
+                const uint32_t sQo = sQ;
+                my_turn();
+                sQ = sQn;
+                issue_s(sc, k_smem(last + 1));
+                your_turn();
+                wg_wait<1>(); /* P V done; the S may still run */
+                wg_pin(o);
+                wg_pin(pa);
+                free_v(last);
+                store(out_of(w), otma, m, l, sQo, qempty);
+                w = wn;
+                qempty = qempty_n;
+                ring = last + 1;
+                start(w);
+                wg_wait<0>();
+                wg_pin(sc);
+                free_k(ring);
+                zero_o();
+                softmax(sc, key0(0), alpha);
+                pack_p(sc, pa);
+                primed = true;
+            } else {
+                wg_wait<0>();
+                wg_pin(o);
+                wg_pin(pa);
+                free_v(last);
+                store(out_of(w), otma, m, l, sQ, qempty);
+                ring = last + 1;
+                if (t >= 0) {
+                    w = wn;
+                    sQ = sQn;
+                    qempty = qempty_n;
+                }
+            }
+            continue;
+        }
+        t = fetch(sQn, qempty_n);
         if (t >= 0) tile_of<C>(a, t, wn);
         if (a.cross && t >= 0 && wn.ntiles > 0) {
             /* the next tile's first S with this tile's last P V */
