@@ -82,7 +82,8 @@ int env_choice(const char *name, const char *const *vals, int n) {
 /*
  * Bring-up switches (the GPU runs chose the defaults; bench/NOTES.md has each A/B):
  *   FLASHATTN_SM90_SCHEDULE=overlap|pingpong   consumer schedule
- *   FLASHATTN_SM90_CROSS=1|0      the pipeline runs on across work tiles
+ *   FLASHATTN_SM90_CROSS=1|0|joint   the pipeline runs on across work tiles (joint: with one
+ *       Q buffer too, the next tile's first S issued with this tile's last P V)
  *   FLASHATTN_SM90_OSTORE=tma|direct   O by the copy engine through the Q buffer, or by threads
  *   FLASHATTN_SM90_QEARLY=1|0     the next tile's Q after this tile's third K/V, or its last
  *   FLASHATTN_SM90_LAZY=<0..8>    softmax rescale threshold, log2 units (0: every increase)
@@ -102,11 +103,13 @@ struct Switches {
 Switches switches() {
     static const char *const sched_vals[] = {"overlap", "pingpong"};
     static const char *const on_off[] = {"1", "0"};
+    static const char *const cross_vals[] = {"1", "0", "joint"};
     static const char *const ostore_vals[] = {"tma", "direct"};
     static const char *const grid_vals[] = {"persistent", "tiles", "static", "dynamic"};
     Switches w;
     w.sched = env_choice("FLASHATTN_SM90_SCHEDULE", sched_vals, 2);
-    w.cross = env_choice("FLASHATTN_SM90_CROSS", on_off, 2) == 0;
+    static const int cross_of[] = {1, 0, 2};
+    w.cross = cross_of[env_choice("FLASHATTN_SM90_CROSS", cross_vals, 3)];
     w.o_tma = env_choice("FLASHATTN_SM90_OSTORE", ostore_vals, 2) == 0;
     w.q_early = env_choice("FLASHATTN_SM90_QEARLY", on_off, 2) == 0;
     const char *lazy = getenv("FLASHATTN_SM90_LAZY");

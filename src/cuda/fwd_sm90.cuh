@@ -93,7 +93,8 @@ struct Args {
     int seqlen_q, seqlen_k, group;
     int heads, batch, mblocks, tiles, group_hb; /* work tiles: tile_of */
     int *counter; /* persistent grid, dynamic order: the next tile to take (zeroed per call) */
-    int cross;    /* the pipeline runs on across work tiles (bring-up switch) */
+    int cross;    /* the pipeline runs on across work tiles (bring-up switch; 2: with one Q
+                     buffer as with more, the next tile's Q awaited before the last P V) */
     int o_tma;    /* O leaves through the tile's Q buffer and the copy engine (NQ >= 2) */
     int q_early;  /* the next tile's Q is loaded early in this one (NQ >= 2) */
     float lazy;   /* the running max moves only when it grows by more than this (log2) */
@@ -483,20 +484,28 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             const int r = 16 * warp + g + 8 * hr, row = x.row0 + 64 * c + r;
             const float lt = quad_sum(ll[hr]);
             const float inv = lt > 0.f ? 1.f / lt : 0.f;
+            uint32_t v[NO]; /* the row's O in 16 bits: n8 tile j, columns 2 t4, 2 t4 + 1 */
+#pragma unroll
+            for (int j = 0; j < NO; j++) v[j] = pack2<T>(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
             if (tma) {
 #pragma unroll
                 for (int j = 0; j < NO; j++)
-                    st_shared_u32(q_smem + (j / 8) * Q_PANEL + r * 128 + (((j % 8) ^ (r % 8)) * 16) + 4 * t4,
-                                  pack2<T>(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv));
+                    st_shared_u32(q_smem + (j / 8) * Q_PANEL + r * 128 + (((j % 8) ^ (r % 8)) * 16) + 4 * t4, v[j]);
+            } else {
+                /* per 4 n8 tiles a 4 x 4 transpose across the quad: then lane t4 holds tile
+                   4 jj + t4 whole (16 bytes; rows are 16-byte aligned, backend.c checks), and
+                   the quad writes 64 contiguous bytes */
+#pragma unroll
+                for (int jj = 0; jj < NO / 4; jj++) quad_transpose(v[4 * jj], v[4 * jj + 1], v[4 * jj + 2], v[4 * jj + 3], t4);
             }
             if (row >= x.sq) continue;
             if (!tma) {
                 T *orow = (T *)a.o + (int64_t)x.bo * a.o_sb + (int64_t)(x.q0 + row) * a.o_st +
                           (int64_t)x.h * a.o_sh;
 #pragma unroll
-                for (int j = 0; j < NO; j++)
-                    *(uint32_t *)(orow + 8 * j + 2 * t4) =
-                        pack2<T>(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
+                for (int jj = 0; jj < NO / 4; jj++)
+                    *(uint4 *)(orow + 8 * (4 * jj + t4)) =
+                        make_uint4(v[4 * jj], v[4 * jj + 1], v[4 * jj + 2], v[4 * jj + 3]);
             }
             if (a.lse && t4 == 0)
                 a.lse[(int64_t)x.bo * a.lse_sb + (int64_t)x.h * a.lse_sh +
@@ -582,7 +591,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         const bool otma = by_tma(w);
         const int last = ring + nt - 1;
         Tile wn;
-        if constexpr (NQ == 1) {
+        if (NQ == 1 && a.cross == 1) {
             /* One Q buffer: the next tile's Q has only just been asked for (the buffer went
                back above), so this tile's last P V goes first and hides that load; then the
                next tile's first S, under which this tile's O is stored. */

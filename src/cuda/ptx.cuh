@@ -127,6 +127,22 @@ __device__ __forceinline__ float quad_sum(float x) {
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+/* A 4 x 4 transpose across the quad (lane t4 of it, every lane of the warp taking part): x_k of
+   lane l becomes x_l of lane k. Two rounds; in each the lanes of a pair swap the two values
+   whose index differs from the lane's in that round's bit. */
+__device__ __forceinline__ void quad_transpose(uint32_t &x0, uint32_t &x1, uint32_t &x2, uint32_t &x3,
+                                               int t4) {
+    const bool b1 = t4 & 2, b0 = t4 & 1;
+    uint32_t r0 = __shfl_xor_sync(0xffffffffu, b1 ? x0 : x2, 2);
+    uint32_t r1 = __shfl_xor_sync(0xffffffffu, b1 ? x1 : x3, 2);
+    if (b1) x0 = r0, x1 = r1;
+    else x2 = r0, x3 = r1;
+    r0 = __shfl_xor_sync(0xffffffffu, b0 ? x0 : x1, 1);
+    r1 = __shfl_xor_sync(0xffffffffu, b0 ? x2 : x3, 1);
+    if (b0) x0 = r0, x2 = r1;
+    else x1 = r0, x3 = r1;
+}
+
 } // namespace fa
 
 #endif
