@@ -1,14 +1,14 @@
 /*
  * cuda/fwd_sm90.cuh — the Hopper forward (sm_90a), FlashAttention-3's structure in CUDA C with
- * inline PTX (wgmma.cuh). A persistent grid (one block per SM) loops over work tiles of 128
+ * inline PTX (wgmma.cuh). A persistent grid (one block per SM) loops over work tiles of BM
  * query rows of one (batch, head), tile_of's order, statically or through a counter.
  *
  *   warpgroup 0, the producer: one thread issues every load. Per work tile its Q (into one of
  *     NQ buffers), then its K and V tiles of BN keys into a ring of STAGES slots, by the copy
  *     engine (TMA, 128-byte swizzle, zero fill past the tensor's end), each completing on its
  *     `full` mbarrier; it waits on the matching `empty` mbarrier before refilling a buffer. It
- *     gives its registers away (setmaxnreg) and keeps 40.
- *   warpgroups 1 and 2, the consumers: 64 query rows each. Per key tile:
+ *     gives its registers away (setmaxnreg) and keeps REG_P.
+ *   warpgroups 1 .. NC, the consumers: 64 query rows each. Per key tile:
  *       S = Q K^T      wgmma m64n{BN}k16, A and B from shared memory (K-major), D/16 k-steps
  *       mask / online softmax in registers (running max and sum; O rescaled only when the
  *                      max grows by more than 2^8, `lazy`), P to 16 bits in the A-fragment
@@ -17,7 +17,9 @@
  *     S of key tile j + 1 is issued with P V of tile j, and the softmax of j + 1 runs while
  *     the latter finishes (across work tiles too); K is released after S, V after P V.
  *     Schedule PINGPONG (a bring-up switch) adds turns between the two consumers. O leaves
- *     through the finished tile's Q buffer and the copy engine (d 64/128; `store`).
+ *     through the finished tile's Q buffer and the copy engine where there are two Q buffers or
+ *     more, else from the threads (`store`); with one Q buffer the last P V of a tile goes
+ *     first and the next tile's Q is awaited under it.
  *
  * It serves head dims 64, 128 and 256, fp16/bf16, BSHD and varlen, every mask (causal
  * bottom-right, windows), softcap, ALiBi, GQA; fa_sm90_fwd refuses everything else (other
@@ -30,8 +32,7 @@
  *   K   [stage][panel][BN keys][128 B]             D / 64 x BN x 128 B per stage
  *   V   [stage][panel][BN keys][128 B]             same
  *   mbarriers (Q full/empty per buffer, K and V full/empty per stage), the buffers' tiles
- * Tiles per head dim (Cfg): d 64: 128 keys, 3 stages, 2 Q buffers (128 KB); d 128: 128 keys,
- * 2 stages, 2 Q buffers (192 KB); d 256: 80 keys, 2 stages, 1 Q buffer (224 KB).
+ * Tilings per head dim: Tiles below (fa_sm90_fwd picks the short or the long one).
  */
 #ifndef FA_CUDA_FWD_SM90_CUH
 #define FA_CUDA_FWD_SM90_CUH
@@ -47,7 +48,8 @@
 namespace fa {
 namespace sm90 {
 
-/* NQ Q buffers: with 2, the next tile's Q arrives while this one's products run. NC consumer
+/* NQ Q buffers: with 2 or more, the next tile's Q arrives while this one's products run (with
+   3 it is asked for at the tile's first K/V, as no O copy still holds its buffer). NC consumer
    warpgroups of 64 query rows each (a work tile is BM = 64 NC rows); the producer keeps
    REG_P registers and the consumers take the rest (setmaxnreg). */
 template <int D_, int BN_, int STAGES_, int NQ_, int NC_ = 2, int REG_P_ = 40> struct Cfg {
@@ -65,19 +67,22 @@ template <int D_, int BN_, int STAGES_, int NQ_, int NC_ = 2, int REG_P_ = 40> s
 /* Per head dim two tilings: C, and Long for long key sequences (fa_sm90_fwd picks; they differ
    where wider tiles pay off only once a row has many key tiles). */
 template <int D> struct Tiles;
-/* d 64, long: three consumers (192-row tiles, FA3's d 64 shape): a third warpgroup's products
-   to hide the softmax behind (as long as the products at this head dim); 24/160 registers */
+/* d 64 short: 128 keys, 3 stages, 3 Q buffers (144 KB). Long: three consumers (192-row
+   tiles, FA3's d 64 shape): a third warpgroup's products to hide the softmax behind (as long
+   as the products at this head dim); 24/160 registers (spills outside the key loop) */
 template <> struct Tiles<64> {
     using C = Cfg<64, 128, 3, 3>;
     using Long = Cfg<64, 128, 3, 2, 3, 24>;
 };
-/* d 128, long: 176-key tiles (FA3's non-causal d 128): fewer per-tile reductions and waits;
-   the ring then leaves room for one Q buffer only (no early Q, O stored by the threads) */
+/* d 128 short: 128 keys, 2 stages, 3 Q buffers (224 KB). Long: 176-key tiles (FA3's
+   non-causal d 128): fewer per-tile reductions and waits; the ring then leaves room for one Q
+   buffer only (208 KB; O stored by the threads); 24/240 registers */
 template <> struct Tiles<128> {
     using C = Cfg<128, 128, 2, 3>;
     using Long = Cfg<128, 176, 2, 1, 2, 24>;
 };
-/* d 256: 80 keys (as FlashAttention-3): S's 40 registers still fit beside O's 128 */
+/* d 256: 80 keys (as FlashAttention-3), 2 stages, 1 Q buffer (224 KB): S's 40 registers
+   still fit beside O's 128 */
 template <> struct Tiles<256> {
     using C = Cfg<256, 80, 2, 1>;
     using Long = C;
@@ -292,8 +297,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     float m[2], l[2];
 
     /* S = Q K^T into sc (the first k-step overwrites it: no zeroing by other instructions,
-       which ptxas would have to keep out of a pending product): k-step kk reads 32 bytes into the 128-byte rows of
-       panel kk / 4. Issued, not waited for. */
+       which ptxas would have to keep out of a pending product): k-step kk reads 32 bytes into
+       the 128-byte rows of panel kk / 4. Issued, not waited for. */
     auto issue_s = [&](float (&sc)[BN / 2], uint32_t sK) {
         wg_fence();
         const Desc dq = desc_sw128(sQ, 16, 1024), dk = desc_sw128(sK, 16, 1024);
@@ -486,17 +491,20 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             const float inv = lt > 0.f ? 1.f / lt : 0.f;
             uint32_t v[NO]; /* the row's O in 16 bits: n8 tile j, columns 2 t4, 2 t4 + 1 */
 #pragma unroll
-            for (int j = 0; j < NO; j++) v[j] = pack2<T>(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
+            for (int j = 0; j < NO; j++)
+                v[j] = pack2<T>(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
             if (tma) {
 #pragma unroll
                 for (int j = 0; j < NO; j++)
-                    st_shared_u32(q_smem + (j / 8) * Q_PANEL + r * 128 + (((j % 8) ^ (r % 8)) * 16) + 4 * t4, v[j]);
+                    st_shared_u32(q_smem + (j / 8) * Q_PANEL + r * 128 +
+                                      (((j % 8) ^ (r % 8)) * 16) + 4 * t4, v[j]);
             } else {
                 /* per 4 n8 tiles a 4 x 4 transpose across the quad: then lane t4 holds tile
                    4 jj + t4 whole (16 bytes; rows are 16-byte aligned, backend.c checks), and
                    the quad writes 64 contiguous bytes */
 #pragma unroll
-                for (int jj = 0; jj < NO / 4; jj++) quad_transpose(v[4 * jj], v[4 * jj + 1], v[4 * jj + 2], v[4 * jj + 3], t4);
+                for (int jj = 0; jj < NO / 4; jj++)
+                    quad_transpose(v[4 * jj], v[4 * jj + 1], v[4 * jj + 2], v[4 * jj + 3], t4);
             }
             if (row >= x.sq) continue;
             if (!tma) {

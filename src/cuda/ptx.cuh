@@ -130,8 +130,8 @@ __device__ __forceinline__ float quad_sum(float x) {
 /* A 4 x 4 transpose across the quad (lane t4 of it, every lane of the warp taking part): x_k of
    lane l becomes x_l of lane k. Two rounds; in each the lanes of a pair swap the two values
    whose index differs from the lane's in that round's bit. */
-__device__ __forceinline__ void quad_transpose(uint32_t &x0, uint32_t &x1, uint32_t &x2, uint32_t &x3,
-                                               int t4) {
+__device__ __forceinline__ void quad_transpose(uint32_t &x0, uint32_t &x1, uint32_t &x2,
+                                               uint32_t &x3, int t4) {
     const bool b1 = t4 & 2, b0 = t4 & 1;
     uint32_t r0 = __shfl_xor_sync(0xffffffffu, b1 ? x0 : x2, 2);
     uint32_t r1 = __shfl_xor_sync(0xffffffffu, b1 ? x1 : x3, 2);
