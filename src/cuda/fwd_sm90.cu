@@ -205,8 +205,8 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
             return p->dtype == FA_DTYPE_BF16 ? launch<__nv_bfloat16, decltype(c)>(a, sched, grid, st)
                                              : launch<__half, decltype(c)>(a, sched, grid, st);
         });
-    snprintf(l->kernel, sizeof l->kernel, "sm90_fwd_d%d_%s%s%s%s", D, fa_dtype_name(p->dtype),
-             fa_cuda_mask_name(p), sched_name[sched],
+    snprintf(l->kernel, sizeof l->kernel, "sm90_fwd_d%d_%s%s_%dx%d%s%s", D, fa_dtype_name(p->dtype),
+             fa_cuda_mask_name(p), BM, BN, sched_name[sched],
              grid == a.tiles ? "" : a.counter ? "_dynamic" : "_static");
     l->tile_q = BM;
     l->tile_k = BN;
