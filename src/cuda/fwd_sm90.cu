@@ -51,9 +51,6 @@ const char *refusal(const fa_problem *p, const fa_cuda_launch *l) {
     if (!D) return "head dims other than 64, 128, 256 (not yet)";
     if (!p->cu_q && p->batch > 1 && (p->q.sb == 0 || p->k.sb == 0 || p->v.sb == 0))
         return "a batch stride of 0";
-    if (with_cfg(D, false, [](auto c) { return decltype(c)::SMEM; }) > l->smem_optin ||
-        with_cfg(D, true, [](auto c) { return decltype(c)::SMEM; }) > l->smem_optin)
-        return "shared memory";
     if (!has_sm90a<Tiles<128>::C>()) return "this build (no sm_90a code)";
     if (!encode_fn()) return "no cuTensorMapEncodeTiled in this driver";
     return NULL;
@@ -85,7 +82,8 @@ int env_choice(const char *name, const char *const *vals, int n) {
  *   FLASHATTN_SM90_CROSS=1|0|joint   the pipeline runs on across work tiles (joint: with one
  *       Q buffer too, the next tile's first S issued with this tile's last P V)
  *   FLASHATTN_SM90_OSTORE=tma|direct   O by the copy engine through the Q buffer, or by threads
- *   FLASHATTN_SM90_QEARLY=1|0     the next tile's Q after this tile's third K/V, or its last
+ *   FLASHATTN_SM90_QEARLY=1|0     the next tile's Q early in this one (as early as the Q
+ *       buffers allow: fwd_sm90.cuh), or after its last K/V
  *   FLASHATTN_SM90_LAZY=<0..8>    softmax rescale threshold, log2 units (0: every increase)
  *   FLASHATTN_SM90_L2MB=<MB>      L2 budget of a tile group's K/V (default 12; 0: one pair)
  *   FLASHATTN_SM90_TILES=auto|short|long   the tiling (Tiles; auto: long_tiles's choice)
@@ -143,6 +141,13 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     const bool lng = long_tiles(p, D, sw.tiles, masked);
     const int BN = with_cfg(D, lng, [](auto c) { return decltype(c)::BN; });
     const int BM = with_cfg(D, lng, [](auto c) { return decltype(c)::BM; });
+    const size_t smem = with_cfg(D, lng, [](auto c) { return decltype(c)::SMEM; });
+    if (smem > (size_t)l->smem_optin) {
+        snprintf(l->msg, sizeof l->msg,
+                 "the sm90 forward's %dx%d tiling needs %zu bytes of shared memory per block, "
+                 "the GPU gives %zu", BM, BN, smem, (size_t)l->smem_optin);
+        return FA_ERR_UNSUPPORTED;
+    }
     Args a;
     memset(&a, 0, sizeof a);
     /* varlen: one sequence of all the tokens, batch 1 */
@@ -205,8 +210,8 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
             return p->dtype == FA_DTYPE_BF16 ? launch<__nv_bfloat16, decltype(c)>(a, sched, grid, st)
                                              : launch<__half, decltype(c)>(a, sched, grid, st);
         });
-    snprintf(l->kernel, sizeof l->kernel, "sm90_fwd_d%d_%s%s_%dx%d%s%s", D, fa_dtype_name(p->dtype),
-             fa_cuda_mask_name(p), BM, BN, sched_name[sched],
+    snprintf(l->kernel, sizeof l->kernel, "sm90_fwd_d%d_%s%s_%dx%d%s%s", D,
+             fa_dtype_name(p->dtype), fa_cuda_mask_name(p), BM, BN, sched_name[sched],
              grid == a.tiles ? "" : a.counter ? "_dynamic" : "_static");
     l->tile_q = BM;
     l->tile_k = BN;
