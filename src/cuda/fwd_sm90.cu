@@ -123,6 +123,29 @@ Switches switches() {
     return w;
 }
 
+#ifdef FA_SM90_TRACE
+/* the call's timeline (trace_sm90.cuh) to FLASHATTN_SM90_TRACE_FILE: per block and role the
+   event count (int32), then TRACE_EVENTS (tag, clock) pairs; every call overwrites it */
+void trace_dump(cudaStream_t st) {
+    const char *path = getenv("FLASHATTN_SM90_TRACE_FILE");
+    if (!path || cudaStreamSynchronize(st) != cudaSuccess) return;
+    static int len[TRACE_BLOCKS * TRACE_ROLES];
+    static uint2 buf[TRACE_BLOCKS * TRACE_ROLES * TRACE_EVENTS];
+    if (cudaMemcpyFromSymbol(len, trace_len, sizeof len) != cudaSuccess ||
+        cudaMemcpyFromSymbol(buf, trace_buf, sizeof buf) != cudaSuccess)
+        return;
+    FILE *f = fopen(path, "wb");
+    if (!f) return;
+    const int hdr[3] = {TRACE_BLOCKS, TRACE_ROLES, TRACE_EVENTS};
+    fwrite(hdr, sizeof hdr, 1, f);
+    fwrite(len, sizeof len, 1, f);
+    fwrite(buf, sizeof buf, 1, f);
+    fclose(f);
+    static const int zero[TRACE_BLOCKS * TRACE_ROLES] = {0};
+    cudaMemcpyToSymbol(trace_len, zero, sizeof zero);
+}
+#endif
+
 } // namespace sm90
 } // namespace fa
 
@@ -210,6 +233,9 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
             return p->dtype == FA_DTYPE_BF16 ? launch<__nv_bfloat16, decltype(c)>(a, sched, grid, st)
                                              : launch<__half, decltype(c)>(a, sched, grid, st);
         });
+#ifdef FA_SM90_TRACE
+    if (e == cudaSuccess) trace_dump(st);
+#endif
     snprintf(l->kernel, sizeof l->kernel, "sm90_fwd_d%d_%s%s_%dx%d%s%s", D,
              fa_dtype_name(p->dtype), fa_cuda_mask_name(p), BM, BN, sched_name[sched],
              grid == a.tiles ? "" : a.counter ? "_dynamic" : "_static");

@@ -43,10 +43,20 @@
 #include "kernels.h"
 #include "ptx.cuh"
 #include "score_mods.cuh"
+#include "trace_sm90.cuh"
 #include "wgmma.cuh"
 
 namespace fa {
 namespace sm90 {
+
+/* Experiment builds (-DFA_SM90_EXPT=n, bench/sm90_expt.sh; wrong results, for timing the
+   kernel's parts): 1 V not loaded, 2 neither K nor V; in the key loop 3 no softmax, 4 no S,
+   5 no P V; with right results, 6 the other wait for P V (FENCED's opposite).
+   0 (the default) is the kernel. */
+#ifndef FA_SM90_EXPT
+#define FA_SM90_EXPT 0
+#endif
+constexpr int EXPT = FA_SM90_EXPT;
 
 /* NQ Q buffers: with 2 or more, the next tile's Q arrives while this one's products run (with
    3 it is asked for at the tile's first K/V, as no O copy still holds its buffer). NC consumer
@@ -202,6 +212,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     }
     __syncthreads();
     Tile w;
+    Tracer tr;
 
     /* ---- the producer takes the tiles: the block's first is its index, then the grid's
        stride (static) or the next of a counter (dynamic: blocks that finish early take
@@ -211,6 +222,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
        next tile's index beside that buffer and loads its Q (load_q). ---- */
     if (wg == 0) {
         regs_dec<C::REG_P>();
+        tr.init(0, tid == 0);
         if (tid == 0) {
             int pos = 0, tc = 0, t = blockIdx.x; /* the ring position (key tiles so far) */
             auto next = [&](int t) {
@@ -221,6 +233,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             auto load_q = [&](int tc, int t, const Tile &w) {
                 const int qb = tc % NQ;
                 mbar_wait(bar_qempty + 8 * qb, ((uint32_t)(tc / NQ) & 1u) ^ 1u); /* fresh: 1 */
+                tr(TR_P_Q, tc);
                 st_shared_s32(tile_slot + 4 * qb, t < a.tiles ? t : -1);
                 if (t >= a.tiles) {
                     mbar_arrive(bar_q + 8 * qb);
@@ -244,6 +257,11 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                                const CUtensorMap *map, int hk, int tok, int bt) {
                 const int s = pos % STAGES;
                 mbar_wait(empty + 8 * s, ((uint32_t)(pos / STAGES) & 1u) ^ 1u);
+                tr(TR_P_KV, 2 * pos + (off == OFF_V));
+                if (EXPT == 1 + (off == OFF_K) || (EXPT == 2 && off == OFF_V)) { /* no load */
+                    mbar_arrive(full + 8 * s);
+                    return;
+                }
                 mbar_expect_tx(full + 8 * s, KV_TILE);
 #pragma unroll 1
                 for (int x = 0; x < PANELS; x++)
@@ -278,6 +296,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 }
                 t = tn;
             }
+            tr(TR_DONE);
+            tr.finish();
         }
         return;
     }
@@ -286,6 +306,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     /* ---- consumer warpgroup c: query rows row0 + 64 c .. + 63 of each tile ---- */
     const int c = wg - 1, wtid = tid - 128 * wg, warp = wtid / 32, lane = wtid % 32;
     const int g = lane / 4, t4 = lane % 4;
+    tr.init(1 + c, wtid == 0);
     uint32_t sQ = 0; /* this consumer's Q in the tile's buffer */
     int r_lo = 0; /* this thread's rows in the tile: r_lo, r_lo + 8 */
     int ring = 0; /* the ring position of the tile's first key tile */
@@ -428,7 +449,25 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         clear_tail(pos, key0(it));
     };
     auto free_k = [&](int pos) { mbar_arrive(bar_kempty + 8 * slot(pos)); };
+    /* trace builds: whether K at ring position pk and V at pv had landed before their waits */
+    auto probe = [&](int pk, int pv) {
+        return mbar_done(bar_kfull + 8 * slot(pk), phase(pk)) |
+               2 * mbar_done(bar_vfull + 8 * slot(pv), phase(pv));
+    };
     auto free_v = [&](int pos) { mbar_arrive(bar_vempty + 8 * slot(pos)); };
+    /* The wait for the pending P V after a softmax. ptxas hoists a plain wait above the
+       softmax (the wait reads no register), so the softmax no longer runs under P V;
+       wg_wait_after keeps it below (the row sums need every exponential). That pays where
+       P V is the longer product (D > BN: d 256, +3-6% in two calls); at d 64/128 the other
+       consumer's products fill the tensor cores anyway and the hoisted wait measured as fast
+       or faster (bench/NOTES.md). */
+    constexpr bool FENCED = (D > BN) != (EXPT == 6);
+    auto wait_pv = [&]() {
+        if (FENCED)
+            wg_wait_after<0>(l[0] + l[1]);
+        else
+            wg_wait<0>();
+    };
 
     /* PINGPONG: the two consumers take turns issuing their products (named barriers 1 and 2,
        256 threads: one consumer syncs, the other arrives), so one's softmax runs while the
@@ -448,6 +487,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         const int qb = tc % NQ;
         mbar_wait(bar_q + 8 * qb, (uint32_t)(tc / NQ) & 1u);
         const int t = ld_shared_s32(tile_slot + 4 * qb);
+        tr(TR_FETCH, t);
         tc++;
         q_smem = base + (qb * NC + c) * Q_WG;
         q_empty = bar_qempty + 8 * qb;
@@ -575,20 +615,29 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         primed = false;
         for (int it = 1; it < nt; it++) {
             const int pos = ring + it;
+            tr(TR_ITER, it);
+            const int there = probe(pos, pos - 1);
             wait_k(pos);
             wait_v(pos - 1, it - 1);
+            tr(TR_READY, 4 * pos + there);
             my_turn();
-            issue_s(sc, k_smem(pos));
-            issue_pv(pa, v_smem(pos - 1));
+            if (EXPT != 4) issue_s(sc, k_smem(pos));
+            if (EXPT != 5) issue_pv(pa, v_smem(pos - 1));
             your_turn();
             release(); /* the previous tile's O copy: long done reading by now */
-            wg_wait<1>(); /* S(it) done; P V(it - 1) may still run, reading pa */
+            if (EXPT == 5)
+                wg_wait<0>();
+            else
+                wg_wait<1>(); /* S(it) done; P V(it - 1) may still run, reading pa */
             wg_pin(sc);
+            tr(TR_S_DONE, it);
             free_k(pos);
-            softmax(sc, key0(it), alpha);
-            wg_wait<0>();
+            if (EXPT != 3) softmax(sc, key0(it), alpha);
+            tr(TR_SOFTMAX, it);
+            wait_pv(); /* P V (it - 1) done */
             wg_pin(o);
             wg_pin(pa); /* pa's registers stay untouched until the product has read them */
+            tr(TR_PV_DONE, it);
             free_v(pos - 1);
             if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) rescale(alpha);
             pack_p(sc, pa);
@@ -609,28 +658,36 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             your_turn();
             t = fetch(sQn, qempty_n);
             if (t >= 0) tile_of<C>(a, t, wn);
+            tr(TR_B_TILE);
             if (a.cross && t >= 0 && wn.ntiles > 0) {
                 wait_k(last + 1);
+                tr(TR_B_READY);
                 const uint32_t sQo = sQ;
                 my_turn();
                 sQ = sQn;
                 issue_s(sc, k_smem(last + 1));
                 your_turn();
+                tr(TR_B_ISSUED);
                 wg_wait<1>(); /* P V done; the S may still run */
                 wg_pin(o);
                 wg_pin(pa);
+                tr(TR_B_PV_DONE);
                 free_v(last);
                 store(out_of(w), otma, m, l, sQo, qempty);
+                tr(TR_B_STORED);
                 w = wn;
                 qempty = qempty_n;
                 ring = last + 1;
                 start(w);
                 wg_wait<0>();
                 wg_pin(sc);
+                tr(TR_B_S_DONE);
                 free_k(ring);
                 zero_o();
                 softmax(sc, key0(0), alpha);
+                tr(TR_B_SOFTMAX);
                 pack_p(sc, pa);
+                tr(TR_B_END);
                 primed = true;
             } else {
                 wg_wait<0>();
@@ -649,18 +706,23 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         }
         t = fetch(sQn, qempty_n);
         if (t >= 0) tile_of<C>(a, t, wn);
+        tr(TR_B_TILE);
         if (a.cross && t >= 0 && wn.ntiles > 0) {
             /* the next tile's first S with this tile's last P V */
+            const int there = probe(last + 1, last);
             wait_k(last + 1);
             wait_v(last, nt - 1);
+            tr(TR_B_READY);
             const uint32_t sQo = sQ, qempty_o = qempty;
             my_turn();
             sQ = sQn;
             issue_s(sc, k_smem(last + 1));
             issue_pv(pa, v_smem(last));
             your_turn();
+            tr(TR_B_ISSUED, 4 * (last + 1) + there);
             wg_wait<1>();
             wg_pin(sc);
+            tr(TR_B_S_DONE);
             free_k(last + 1);
             const Out wo = out_of(w);
             const float mo[2] = {m[0], m[1]}, lo[2] = {l[0], l[1]};
@@ -669,13 +731,17 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             ring = last + 1;
             start(w);
             softmax(sc, key0(0), alpha);
-            wg_wait<0>();
+            tr(TR_B_SOFTMAX);
+            wait_pv();
             wg_pin(o);
             wg_pin(pa);
+            tr(TR_B_PV_DONE);
             free_v(last);
             store(wo, otma, mo, lo, sQo, qempty_o);
+            tr(TR_B_STORED);
             zero_o();
             pack_p(sc, pa);
+            tr(TR_B_END);
             primed = true;
         } else {
             wait_v(last, nt - 1);
@@ -696,6 +762,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         }
     }
     release();
+    tr(TR_DONE);
+    tr.finish();
     if (wtid == 0) bulk_wait(); /* the shared memory stays until the last copy is done */
     /* consumer 0 takes consumer 1's last turn-passing, so no barrier is left half-arrived */
     if (SCHED == PINGPONG && c == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");

@@ -151,6 +151,17 @@ __device__ __forceinline__ void wg_commit() {
 template <int N> __device__ __forceinline__ void wg_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
+/* wg_wait<N> kept below the computation of `after` in the SASS too. ptxas schedules a plain
+   wait as early as it may (it depends on no register), which can hoist the wait for P V above
+   a softmax meant to run under that product. Here the wait sits in both arms of a warp-uniform
+   branch on `after` (distinct asm texts, so neither compiler merges them back above it): it
+   cannot start before `after` is known, and waits whichever arm runs. */
+template <int N> __device__ __forceinline__ void wg_wait_after(float after) {
+    if (__any_sync(0xffffffffu, __float_as_uint(after) & 1u))
+        asm volatile("wgmma.wait_group.sync.aligned %0; // after: odd\n" ::"n"(N) : "memory");
+    else
+        asm volatile("wgmma.wait_group.sync.aligned %0; // after: even\n" ::"n"(N) : "memory");
+}
 /* keeps the compiler from moving accesses of an accumulator across an asynchronous wgmma
    (and, for A fragments, from reusing their registers before the wgmma has read them) */
 template <int N> __device__ __forceinline__ void wg_pin(float (&d)[N]) {

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""bench/trace_sm90.py — reads a Hopper forward timeline (src/cuda/trace_sm90.cuh; written by a
+-DFA_SM90_TRACE build to FLASHATTN_SM90_TRACE_FILE) and prints, in SM clock cycles (medians over
+the traced blocks' consumers):
+
+  - the steady key-loop iteration (TR_ITER to TR_ITER inside a tile) and its parts: waiting for
+    K/V, S's wait, the softmax, P V's wait, the rest;
+  - a tile boundary: from the top of a tile's last loop iteration to the top of the next tile's
+    second one (two products' worth of work if nothing else happened), split at its events;
+  - the per-tile overhead: the boundary minus two steady iterations, and what it costs against
+    the whole run (the block's cycles between its first and last events);
+  - the producer: how long its slot waits hold it.
+
+Plain Python (no numpy): usage  trace_sm90.py FILE
+"""
+import statistics
+import struct
+import sys
+
+NAMES = {1: "FETCH", 2: "ITER", 3: "READY", 4: "S_DONE", 5: "SOFTMAX", 6: "PV_DONE",
+         7: "B_ISSUED", 8: "B_S_DONE", 9: "B_SOFTMAX", 10: "B_PV_DONE", 11: "B_STORED",
+         12: "B_END", 13: "B_TILE", 14: "B_READY", 20: "P_KV", 21: "P_Q", 30: "DONE"}
+
+
+def read(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    blocks, roles, events = struct.unpack_from("3i", data, 0)
+    off = 12
+    lens = struct.unpack_from(f"{blocks * roles}i", data, off)
+    off += 4 * blocks * roles
+    runs = {}
+    for b in range(blocks):
+        r0 = None  # the block's reference clock: times are signed offsets from it, so that
+        for r in range(roles):  # its roles compare (a kernel runs far less than 2^31 cycles)
+            n = lens[b * roles + r]
+            if n <= 0:
+                continue
+            base = off + 8 * (b * roles + r) * events
+            raw = struct.unpack_from(f"{2 * n}I", data, base)
+            if r0 is None:
+                r0 = raw[1]
+            evs = []
+            for i in range(n):
+                word, clk = raw[2 * i], raw[2 * i + 1]
+                t = ((clk - r0 + (1 << 31)) & 0xffffffff) - (1 << 31)  # the 32-bit clock wraps
+                evs.append((word >> 24, word & 0xffffff, t))
+            runs[(b, r)] = (evs, n >= events)
+    return runs
+
+
+def med(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def main():
+    runs = read(sys.argv[1])
+    full = sum(1 for v in runs.values() if v[1])
+    print(f"traced roles: {len(runs)} ({full} hit the event cap; their later events are missing)")
+    steady, parts, bound, bparts, tiles, span = [], {}, [], {}, 0, []
+    for (b, r), (evs, capped) in sorted(runs.items()):
+        if r == 0:
+            continue
+        span.append(evs[-1][2] - evs[0][2])
+        # split into tiles at FETCH
+        cur = []
+        seqs = []
+        for e in evs:
+            if e[0] == 1 and cur:
+                seqs.append(cur)
+                cur = []
+            cur.append(e)
+        seqs.append(cur)
+        tiles += len(seqs)
+        # steady iterations: ITER(it) -> ITER(it + 1) in one tile, it >= 1
+        for s in seqs:
+            iters = [i for i, e in enumerate(s) if e[0] == 2]
+            for a, z in zip(iters, iters[1:]):
+                seg = s[a:z + 1]
+                steady.append(seg[-1][2] - seg[0][2])
+                for x, y in zip(seg, seg[1:]):
+                    k = f"{NAMES.get(x[0])}->{NAMES.get(y[0])}"
+                    parts.setdefault(k, []).append(y[2] - x[2])
+        # boundary: last ITER of tile k .. first ITER of tile k + 1 (its it = 1), through
+        # the boundary events (B_*) and FETCH
+        for s, nxt in zip(seqs, seqs[1:]):
+            li = [i for i, e in enumerate(s) if e[0] == 2]
+            fi = [i for i, e in enumerate(nxt) if e[0] == 2]
+            if not li or not fi:
+                continue
+            seg = s[li[-1]:] + nxt[:fi[0] + 1]
+            bound.append(seg[-1][2] - seg[0][2])
+            for x, y in zip(seg, seg[1:]):
+                k = f"{NAMES.get(x[0])}->{NAMES.get(y[0])}"
+                bparts.setdefault(k, []).append(y[2] - x[2])
+    st = med(steady)
+    print(f"consumer tiles traced: {tiles}; steady iteration: median {st:.0f} cycles "
+          f"(n {len(steady)}, p10 {sorted(steady)[len(steady) // 10] if steady else 0}, "
+          f"p90 {sorted(steady)[9 * len(steady) // 10] if steady else 0})")
+    for k, v in sorted(parts.items(), key=lambda kv: -med(kv[1])):
+        print(f"   {k:24s} {med(v):8.0f}  (n {len(v)})")
+    if bound:
+        b = med(bound)
+        print(f"tile boundary (last iteration's top .. next tile's second top): median {b:.0f} "
+              f"cycles = 2 steady iterations + {b - 2 * st:.0f} (n {len(bound)})")
+        for k, v in bparts.items():
+            print(f"   {k:24s} {med(v):8.0f}  (n {len(v)})")
+    if span and tiles:
+        per_tile = med(span) / (tiles / len(span))
+        print(f"role span: median {med(span):.0f} cycles, {tiles / len(span):.1f} tiles each, "
+              f"{per_tile:.0f} cycles a tile")
+    # data readiness: READY / B_ISSUED carry 4 pos + (K there) + 2 (V there); the producer's
+    # P_KV 2 pos + (V) is the issue time of that position's K or V
+    for tag, name in ((3, "loop"), (7, "boundary")):
+        n = k_late = v_late = 0
+        waits_late, waits_ok, age = [], [], []
+        for (b, r), (evs, _) in runs.items():
+            if r == 0:
+                continue
+            issue = {e[1]: e[2] for e in runs.get((b, 0), ([], 0))[0] if e[0] == 20}
+            for x, y in zip(evs, evs[1:]):
+                if y[0] != tag:
+                    continue
+                n += 1
+                pos, there = y[1] >> 2, y[1] & 3
+                k_late += not there & 1
+                v_late += not there & 2
+                if tag == 3:
+                    (waits_ok if there == 3 else waits_late).append(y[2] - x[2])
+                if 2 * pos in issue:
+                    age.append(y[2] - issue[2 * pos])
+        if n:
+            print(f"{name} waits: {n}; K not yet there {100 * k_late / n:.1f}%, V {100 * v_late / n:.1f}%; "
+                  f"K issued this long before the wait ended: median {med(age):.0f} cycles")
+            if waits_late:
+                print(f"   ITER->READY with data missing: median {med(waits_late):.0f} (n {len(waits_late)}), "
+                      f"with both there: {med(waits_ok):.0f} (n {len(waits_ok)})")
+    for (b, r), (evs, _) in sorted(runs.items()):
+        if r != 0:
+            continue
+        gaps = [y[2] - x[2] for x, y in zip(evs, evs[1:]) if y[0] == 20]
+        if b == 0:
+            print(f"producer block 0: {len(evs)} events, gap before a K/V issue median "
+                  f"{med(gaps):.0f} cycles")
+
+
+if __name__ == "__main__":
+    main()
