@@ -51,7 +51,8 @@ namespace sm90 {
 
 /* Experiment builds (-DFA_SM90_EXPT=n, bench/sm90_expt.sh; wrong results, for timing the
    kernel's parts): 1 V not loaded, 2 neither K nor V; in the key loop 3 no softmax, 4 no S,
-   5 no P V; with right results, 6 the other wait for P V (FENCED's opposite).
+   5 no P V; with right results, 6 the other wait for P V (FENCED's opposite), 8 the key
+   loop's softmax without the running-max path (AT_MAX).
    0 (the default) is the kernel. */
 #ifndef FA_SM90_EXPT
 #define FA_SM90_EXPT 0
@@ -351,7 +352,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     const bool fancy = a.m.softcap > 0.f || a.m.alibi != nullptr; /* uniform per launch */
     const float mul = fancy ? 1.f : a.m.scale_log2;
     float slope = 0.f;
-    auto softmax = [&](float (&sc)[BN / 2], int kcol0, float (&alpha)[2]) {
+    auto prepare = [&](float (&sc)[BN / 2], int kcol0) {
         if (fancy) {
 #pragma unroll
             for (int j = 0; j < NS; j++)
@@ -374,6 +375,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                         if (8 * j + e < lo || 8 * j + e >= hi) sc[4 * j + 2 * hr + e] = -INFINITY;
             }
         }
+    };
+    auto softmax_core = [&](float (&sc)[BN / 2], float (&alpha)[2]) {
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
             float mx = -INFINITY;
@@ -398,6 +401,39 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             }
             l[hr] = l[hr] * alpha[hr] + sum;
         }
+    };
+    auto softmax = [&](float (&sc)[BN / 2], int kcol0, float (&alpha)[2]) {
+        prepare(sc, kcol0);
+        softmax_core(sc, alpha);
+    };
+    /* The key loop's softmax at the running max, for when P V has completed (pa is free):
+       the probabilities against the rows' current max, straight into pa, the scores left as
+       they were. A thread's partial row sum bounds each of its probabilities, so where every
+       partial sum is at most 2^lazy the max would not have moved (the lazy rule) and the tile
+       is done without the row max (its 64 FMNMX and shuffles a tile at BN 128), alpha 1.
+       Otherwise (false: a score grew past the max by more than lazy, a row had no key yet,
+       or NaN) the caller runs softmax_core on the unchanged scores. Decided per warp: no
+       warpgroup instruction depends on it. */
+    const float p_bound = exp2f(a.lazy);
+    auto exp_at_max = [&](const float (&sc)[BN / 2], uint32_t (&pa)[BN / 16][4]) {
+        float sum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const float m_use = m[hr] == -INFINITY ? 0.f : m[hr];
+#pragma unroll
+            for (int j = 0; j < NS; j++) {
+                const float p0 = fast_exp2(fmaf(sc[4 * j + 2 * hr], mul, -m_use));
+                const float p1 = fast_exp2(fmaf(sc[4 * j + 2 * hr + 1], mul, -m_use));
+                sum[hr] += p0 + p1;
+                pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(p0, p1);
+            }
+        }
+        const bool ok = sum[0] <= p_bound && sum[1] <= p_bound && m[0] != -INFINITY &&
+                        m[1] != -INFINITY;
+        if (!__all_sync(0xffffffffu, ok)) return false;
+        l[0] += sum[0];
+        l[1] += sum[1];
+        return true;
     };
     auto pack_p = [&](const float (&sc)[BN / 2], uint32_t (&pa)[BN / 16][4]) {
 #pragma unroll
@@ -462,6 +498,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
        consumer's products fill the tensor cores anyway and the hoisted wait measured as fast
        or faster (bench/NOTES.md). */
     constexpr bool FENCED = (D > BN) != (EXPT == 6);
+    /* where the wait is not fenced it comes first anyway: there the key loop's softmax runs
+       at the running max (exp_at_max) */
+    constexpr bool AT_MAX = !FENCED && EXPT != 8;
     auto wait_pv = [&]() {
         if (FENCED)
             wg_wait_after<0>(l[0] + l[1]);
@@ -632,6 +671,22 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             wg_pin(sc);
             tr(TR_S_DONE, it);
             free_k(pos);
+            if (AT_MAX) {
+                /* P V (it - 1) first, then the softmax at the running max into pa */
+                prepare(sc, key0(it));
+                wg_wait<0>();
+                wg_pin(o);
+                wg_pin(pa);
+                tr(TR_PV_DONE, it);
+                free_v(pos - 1);
+                if (EXPT != 3 && !exp_at_max(sc, pa)) {
+                    softmax_core(sc, alpha);
+                    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) rescale(alpha);
+                    pack_p(sc, pa);
+                }
+                tr(TR_SOFTMAX, it);
+                continue;
+            }
             if (EXPT != 3) softmax(sc, key0(it), alpha);
             tr(TR_SOFTMAX, it);
             wait_pv(); /* P V (it - 1) done */
