@@ -13,7 +13,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/fa-out}
-export BUILD=${BUILD:-build-gpu}
+# a build folder of its own: its last object is an experiment's, and a later call's build of
+# build-gpu must not mistake it for current (the copied tree keeps the header's old mtime)
+export BUILD=${BUILD:-build-expt}
 mkdir -p "$OUT"
 . bench/device_build.sh
 # the experiment is the default of FA_SM90_EXPT in the header (this copy's; put back at the

@@ -211,6 +211,11 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
         return FA_ERR_UNSUPPORTED;
     }
     a.tiles = (int)tiles;
+    const int pairs = a.heads * a.batch, groups = (pairs + a.group_hb - 1) / a.group_hb;
+    a.div_group = FastDiv::of((uint32_t)(a.group_hb * a.mblocks));
+    a.div_heads = FastDiv::of((uint32_t)a.heads);
+    a.div_gsz = FastDiv::of((uint32_t)a.group_hb);
+    a.div_gsz_last = FastDiv::of((uint32_t)(pairs - (groups - 1) * a.group_hb));
 
     a.cross = sw.cross;
     a.q_early = sw.q_early;

@@ -99,6 +99,23 @@ template <> struct Tiles<256> {
     using Long = C;
 };
 
+/* Division by a launch constant d (1 <= d < 2^31) of n in [0, 2^31) as a multiply-high and a
+   shift (the round-up method: l = ceil(log2 d), m = 2^32 (2^l - d) / d + 1, n / d =
+   (umulhi(n, m) + n) >> l): tile_of runs at every hand-over, and its divisions would take
+   MUFU.RCP slots from the softmax's exponentials and a few hundred cycles of latency. */
+struct FastDiv {
+    uint32_t d, m, l;
+    static FastDiv of(uint32_t d) {
+        if (d == 0) d = 1; /* an empty launch's (never divided by) */
+        uint32_t l = 0;
+        while ((1ull << l) < d) l++;
+        return FastDiv{d, (uint32_t)((((1ull << l) - d) << 32) / d + 1), l};
+    }
+    __device__ __forceinline__ int div(int n) const {
+        return (int)((__umulhi((uint32_t)n, m) + (uint32_t)n) >> l);
+    }
+};
+
 struct Args {
     CUtensorMap tq, tk, tv; /* (d, head, token, batch); boxes (64, 1, rows, 1): Q 64, K/V BN */
     CUtensorMap to;         /* O, box as Q's; used when o_tma */
@@ -108,6 +125,7 @@ struct Args {
     const int *cu_q, *cu_k; /* varlen: token offsets (the maps then span all tokens, batch 1) */
     int seqlen_q, seqlen_k, group;
     int heads, batch, mblocks, tiles, group_hb; /* work tiles: tile_of */
+    FastDiv div_group, div_heads, div_gsz, div_gsz_last; /* by per group, heads, group sizes */
     int *counter; /* persistent grid, dynamic order: the next tile to take (zeroed per call) */
     int cross;    /* the pipeline runs on across work tiles (bring-up switch; 2: with one Q
                      buffer as with more, the next tile's Q awaited before the last P V) */
@@ -155,11 +173,13 @@ __device__ __forceinline__ int hi_of(const Args &a, const Tile &w, int i) {
 template <typename C>
 __device__ __forceinline__ bool tile_of(const Args &a, int t, Tile &w) {
     constexpr int BM = C::BM, BN = C::BN;
-    const int per_group = a.group_hb * a.mblocks, grp = t / per_group, r = t - grp * per_group;
-    const int gsz = min(a.group_hb, a.heads * a.batch - grp * a.group_hb);
-    const int m_block = a.mblocks - 1 - r / gsz, hb = grp * a.group_hb + r % gsz;
-    w.h = hb % a.heads;
-    w.b = hb / a.heads;
+    const int grp = a.div_group.div(t), r = t - grp * (int)a.div_group.d;
+    const bool last = (grp + 1) * a.group_hb >= a.heads * a.batch; /* it may be smaller */
+    const FastDiv &by_gsz = last ? a.div_gsz_last : a.div_gsz;
+    const int rq = by_gsz.div(r);
+    const int m_block = a.mblocks - 1 - rq, hb = grp * a.group_hb + (r - rq * (int)by_gsz.d);
+    w.b = a.div_heads.div(hb);
+    w.h = hb - w.b * a.heads;
     w.q0 = 0, w.k0 = 0, w.sq = a.seqlen_q, w.sk = a.seqlen_k, w.bt = w.b, w.bo = w.b;
     if (a.cu_q) {
         w.q0 = a.cu_q[w.b];
