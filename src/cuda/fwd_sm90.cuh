@@ -14,8 +14,10 @@
  *                      max grows by more than 2^8, `lazy`), P to 16 bits in the A-fragment
  *                      layout (C-to-A identity, ptx.cuh)
  *       O += P V       wgmma m64n{D}k16, A from registers, B = V from shared memory (MN-major)
- *     S of key tile j + 1 is issued with P V of tile j, and the softmax of j + 1 runs while
- *     the latter finishes (across work tiles too); K is released after S, V after P V.
+ *     S of key tile j + 1 is issued with P V of tile j (across work tiles too). At d 256 the
+ *     softmax of j + 1 runs while the latter finishes (FENCED); at d 64/128 it runs after it,
+ *     against the running max straight into P (exp_at_max), while the other consumers'
+ *     products hold the tensor cores. K is released after S, V after P V.
  *     Schedule PINGPONG (a bring-up switch) adds turns between the two consumers. O leaves
  *     through the finished tile's Q buffer and the copy engine where there are two Q buffers or
  *     more, else from the threads (`store`); with one Q buffer the last P V of a tile goes
@@ -691,29 +693,23 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             wg_pin(sc);
             tr(TR_S_DONE, it);
             free_k(pos);
-            if (AT_MAX) {
-                /* P V (it - 1) first, then the softmax at the running max into pa */
+            if (AT_MAX) { /* P V (it - 1) first, then the softmax at the running max */
                 prepare(sc, key0(it));
                 wg_wait<0>();
-                wg_pin(o);
-                wg_pin(pa);
-                tr(TR_PV_DONE, it);
-                free_v(pos - 1);
-                if (EXPT != 3 && !exp_at_max(sc, pa)) {
-                    softmax_core(sc, alpha);
-                    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) rescale(alpha);
-                    pack_p(sc, pa);
-                }
+            } else {
+                if (EXPT != 3) softmax(sc, key0(it), alpha);
                 tr(TR_SOFTMAX, it);
-                continue;
+                wait_pv(); /* P V (it - 1) done */
             }
-            if (EXPT != 3) softmax(sc, key0(it), alpha);
-            tr(TR_SOFTMAX, it);
-            wait_pv(); /* P V (it - 1) done */
             wg_pin(o);
             wg_pin(pa); /* pa's registers stay untouched until the product has read them */
             tr(TR_PV_DONE, it);
             free_v(pos - 1);
+            if (AT_MAX && (EXPT == 3 || exp_at_max(sc, pa))) {
+                tr(TR_SOFTMAX, it);
+                continue;
+            }
+            if (AT_MAX) softmax_core(sc, alpha);
             if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) rescale(alpha);
             pack_p(sc, pa);
         }
