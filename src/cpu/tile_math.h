@@ -289,9 +289,53 @@ FA_TM_INLINE void fa_tm_store_zero(void *dst, fa_dtype dt, int n) {
    (any layout: A values are broadcast) and B rows contiguous; add 0 overwrites C (no zeroing
    pass over it first). mr, nv and add are constants at each call site, so the accumulators
    become registers. */
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA) || defined(FP_FAST_FMAF)
+#define FA_TM_FMA 1 /* acc += x * b contracts to one rounding a term */
+#else
+#define FA_TM_FMA 0
+#endif
 FA_TM_INLINE void fa_tm_mk(int mr, int nv, int add, int kdim, const float *restrict a,
                            ptrdiff_t ars, ptrdiff_t aks, const float *restrict b, ptrdiff_t ldb,
                            float *restrict c, ptrdiff_t ldc, float *restrict cmax) {
+#if !FA_TM_FMA
+    /* Without FMA (the scalar level on x86-64: SSE2) a float multiply-add rounds twice a
+       term, up to twice the error of the FMA matmul the 2x rule measures against (a 5-key
+       fp32 decode failed it: bench/NOTES.md's flake); the products of floats are exact in
+       double, so the sums run in double (two SSE2 halves a vector) and round once at the end. */
+    typedef double fa_vd2 __attribute__((vector_size(16)));
+    fa_vd2 accd[FA_MR_MAX][FA_NV][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++)
+            for (int h = 0; h < 2; h++)
+                accd[r][v][h] = add ? (fa_vd2){c[r * ldc + v * FA_VW + 2 * h],
+                                               c[r * ldc + v * FA_VW + 2 * h + 1]}
+                                    : (fa_vd2){0, 0};
+    for (int k = 0; k < kdim; k++) {
+        const float *restrict bk = b + k * ldb;
+        const float *restrict ak = a + k * aks;
+        fa_vd2 bv[FA_NV][2];
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++)
+            for (int h = 0; h < 2; h++)
+                bv[v][h] = (fa_vd2){bk[v * FA_VW + 2 * h], bk[v * FA_VW + 2 * h + 1]};
+#pragma GCC unroll 8
+        for (int r = 0; r < mr; r++) {
+            const double xs = ak[r * ars];
+            const fa_vd2 x = {xs, xs};
+#pragma GCC unroll 4
+            for (int v = 0; v < nv; v++)
+                for (int h = 0; h < 2; h++) accd[r][v][h] += x * bv[v][h];
+        }
+    }
+    fa_vf acc[FA_MR_MAX][FA_NV];
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++)
+            for (int e = 0; e < FA_VW; e++) acc[r][v][e] = (float)accd[r][v][e / 2][e % 2];
+#else
     fa_vf acc[FA_MR_MAX][FA_NV];
 #pragma GCC unroll 8
     for (int r = 0; r < mr; r++)
@@ -314,6 +358,7 @@ FA_TM_INLINE void fa_tm_mk(int mr, int nv, int add, int kdim, const float *restr
             for (int v = 0; v < nv; v++) acc[r][v] += x * bv[v];
         }
     }
+#endif
 #pragma GCC unroll 8
     for (int r = 0; r < mr; r++)
 #pragma GCC unroll 4
