@@ -285,15 +285,15 @@ FA_TM_INLINE void fa_tm_store_zero(void *dst, fa_dtype dt, int n) {
 #endif
 #define FA_NB (FA_NV * FA_VW) /* columns of C per block */
 
-/* C[r][0:nv*VW] (+)= sum_k A(r, k) B[k][0:nv*VW] for r < mr, with A(r, k) = a[r*ars + k*aks]
-   (any layout: A values are broadcast) and B rows contiguous; add 0 overwrites C (no zeroing
-   pass over it first). mr, nv and add are constants at each call site, so the accumulators
-   become registers. */
 #if defined(__FMA__) || defined(__ARM_FEATURE_FMA) || defined(FP_FAST_FMAF)
 #define FA_TM_FMA 1 /* acc += x * b contracts to one rounding a term */
 #else
 #define FA_TM_FMA 0
 #endif
+/* C[r][0:nv*VW] (+)= sum_k A(r, k) B[k][0:nv*VW] for r < mr, with A(r, k) = a[r*ars + k*aks]
+   (any layout: A values are broadcast) and B rows contiguous; add 0 overwrites C (no zeroing
+   pass over it first). mr, nv and add are constants at each call site, so the accumulators
+   become registers. */
 FA_TM_INLINE void fa_tm_mk(int mr, int nv, int add, int kdim, const float *restrict a,
                            ptrdiff_t ars, ptrdiff_t aks, const float *restrict b, ptrdiff_t ldb,
                            float *restrict c, ptrdiff_t ldc, float *restrict cmax) {
