@@ -25,11 +25,11 @@ template <typename F> auto with_cfg(int D, bool lng, F f) {
 }
 
 /* Whether p takes the Long tiling: where the GPU runs found it faster (bench/NOTES.md, d 64
-   from 2048 keys unmasked and 8192 masked, d 128 from 8192); FLASHATTN_SM90_TILES=short|long
+   from 2048 keys unmasked and 4096 masked, d 128 from 8192); FLASHATTN_SM90_TILES=short|long
    overrides. */
 bool long_tiles(const fa_problem *p, int D, int choice, bool masked) {
     if (choice) return choice == 2;
-    if (D == 64) return p->seqlen_k >= (masked ? 8192 : 2048);
+    if (D == 64) return p->seqlen_k >= (masked ? 4096 : 2048);
     return D == 128 && p->seqlen_k >= 8192;
 }
 
