@@ -19,6 +19,14 @@
 #   EXPTS='0 9' EXPT_STAGES=bench bash bench/sm90_expt.sh
 # Files back: expt.txt (per experiment and round the bench's rows: d, seqlen, mask, TFLOP/s,
 # kernel; then the clock and power under load).
+#
+# Two more stages look inside the builds (where a variant's time goes, not how long it takes):
+#   trace  each experiment (0 included) built once more with its timeline (-DFA_SM90_TRACE, in
+#          /tmp/expt-<n>-trace; the build stage makes these copies when "trace" is among the
+#          stages) and run on SHAPES as bench/trace_sm90.sh does: trace.txt
+#   sass   the SASS of the kernels whose names match SASS_KERNEL (grep -E on the mangled name,
+#          default the d 128 short bf16 one): per experiment the opcode counts (sass.txt) and
+#          the whole listing (sass-<n>.txt.gz)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/fa-out}
@@ -32,6 +40,7 @@ if [[ " $STAGES_E " == *" bench "* ]]; then
   . bench/device_build.sh
 else
   LIBDIR=$(dirname "$(find /tmp/deps -name 'libcmocka.so*' | head -n 1)")
+  export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 expt_dir() { echo "/tmp/expt-$1"; }
 tool() { if [ "$1" = 0 ]; then echo "$ROOT/${BUILD:-build-gpu}/tools/flashattn"; else echo "$(expt_dir "$1")/build/tools/flashattn"; fi; }
@@ -40,25 +49,64 @@ if [[ " $STAGES_E " == *" build "* ]]; then
   export CMAKE_PREFIX_PATH="/tmp/deps/usr" CMAKE_LIBRARY_PATH="$LIBDIR" CMAKE_INCLUDE_PATH="/tmp/deps/usr/include"
   n=0
   for e in $EXPTS; do [ "$e" = 0 ] || n=$((n + 1)); done
+  traced=""
+  [[ " $STAGES_E " == *" trace "* ]] && traced="$EXPTS"
+  for e in $traced; do n=$((n + 1)); done
   jobs_each=$(($(nproc) / (n > 0 ? n : 1)))
   [ "$jobs_each" -lt 1 ] && jobs_each=1
   pids=()
-  for e in $EXPTS; do
-    [ "$e" = 0 ] && continue
-    d=$(expt_dir "$e")
+  # copy E DIR [CUDA flags]: the tree with FA_SM90_EXPT E, built in DIR
+  copy() {
+    local e=$1 d=$2 flags=${3:-}
     rm -rf "$d" && mkdir -p "$d"
     # a plain copy: new mtimes, so nothing of an earlier call's build is taken for current
     tar --exclude='./build*' --exclude='./.git' -cf - . | tar -xf - -C "$d"
     sed -i "s/^#define FA_SM90_EXPT [0-9]*$/#define FA_SM90_EXPT $e/" "$d/src/cuda/fwd_sm90.cuh"
     (cd "$d" && cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_WITH_CUDA=ON \
-       -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" -DFLASHATTN_BUILD_TESTS=OFF >"$d/build.log" 2>&1 &&
+       -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" -DFLASHATTN_BUILD_TESTS=OFF \
+       ${flags:+"-DCMAKE_CUDA_FLAGS=$flags"} >"$d/build.log" 2>&1 &&
        cmake --build build -j "$jobs_each" >>"$d/build.log" 2>&1) &
     pids+=($!)
-  done
+  }
+  for e in $EXPTS; do [ "$e" = 0 ] || copy "$e" "$(expt_dir "$e")"; done
+  for e in $traced; do copy "$e" "$(expt_dir "$e")-trace" -DFA_SM90_TRACE; done
   for p in "${pids[@]}"; do wait "$p" || true; done
   for e in $EXPTS; do
     [ "$e" = 0 ] || [ -x "$(tool "$e")" ] ||
       { echo "experiment $e: build failed"; tail -n 30 "$(expt_dir "$e")/build.log"; exit 1; }
+  done
+  for e in $traced; do
+    [ -x "$(expt_dir "$e")-trace/build/tools/flashattn" ] ||
+      { echo "experiment $e, traced: build failed"; tail -n 30 "$(expt_dir "$e")-trace/build.log"; exit 1; }
+  done
+fi
+
+if [[ " $STAGES_E " == *" trace "* ]]; then
+  for e in $EXPTS; do
+    for s in ${SHAPES:-128:2048:none}; do
+      IFS=: read -r d n mask <<<"$s"
+      echo "=== FA_SM90_EXPT=$e d $d seqlen $n mask $mask" >>"$OUT/trace.txt"
+      FLASHATTN_SM90_TRACE_FILE=/tmp/trace.bin "$(expt_dir "$e")-trace/build/tools/flashattn" bench \
+        --backend cuda --sweep --head-dim "$d" --seqlens "$n" --masks "$mask" --op fwd \
+        --reps 5 --max-time 1 2>&1 | tail -n 1 >>"$OUT/trace.txt"
+      python3 bench/trace_sm90.py /tmp/trace.bin >>"$OUT/trace.txt" 2>&1
+      rm -f /tmp/trace.bin
+    done
+  done
+fi
+
+if [[ " $STAGES_E " == *" sass "* ]]; then
+  pat=${SASS_KERNEL:-bfloat16NS0_3CfgILi128ELi128ELi2ELi3ELi2ELi40EEELi0E}
+  for e in $EXPTS; do
+    b=$(dirname "$(dirname "$(tool "$e")")")
+    obj=$(find "$b" -name 'fwd_sm90.cu.o' | head -n 1)
+    for k in $(cuobjdump -elf "$obj" 2>/dev/null | grep -oE '_ZN2fa4sm9015fwd_sm90_kernel[A-Za-z0-9_]+ArgsE\b' | sort -u | grep -E "$pat"); do
+      cuobjdump -sass -fun "$k" "$obj" >"/tmp/sass-$e.txt" 2>&1
+      echo "=== FA_SM90_EXPT=$e $k" >>"$OUT/sass.txt"
+      grep -oE '^ +/\*[0-9a-f]{4,}\*/ +(@!?U?P[0-9T] +)?[A-Z0-9_.]+' "/tmp/sass-$e.txt" |
+        awk '{print $NF}' | sed 's/\..*//' | sort | uniq -c | sort -rn | head -n 40 >>"$OUT/sass.txt"
+      gzip -c "/tmp/sass-$e.txt" >"$OUT/sass-$e.txt.gz"
+    done
   done
 fi
 

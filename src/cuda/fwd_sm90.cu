@@ -185,7 +185,7 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
         return FA_ERR_UNSUPPORTED;
     }
     /* O through the copy engine where its strides allow a map (else the threads store it) */
-    a.o_tma = sw.o_tma && make_map(&a.to, &p->o, p->dtype, D, p->heads_q, tq, nb, 64) == CUDA_SUCCESS;
+    a.o_tma = sw.o_tma && make_map(&a.to, &p->o, p->dtype, D, p->heads_q, tq, nb, O_ROWS) == CUDA_SUCCESS;
     a.o = p->o.data;
     a.lse = (float *)p->lse;
     a.o_sb = p->o.sb, a.o_st = p->o.st, a.o_sh = p->o.sh;

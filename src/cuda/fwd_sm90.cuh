@@ -54,12 +54,20 @@ namespace sm90 {
 /* Experiment builds (-DFA_SM90_EXPT=n, bench/sm90_expt.sh; wrong results, for timing the
    kernel's parts): 1 V not loaded, 2 neither K nor V; in the key loop 3 no softmax, 4 no S,
    5 no P V; with right results, 6 the other wait for P V (FENCED's opposite), 8 the key
-   loop's softmax without the running-max path (AT_MAX).
+   loop's softmax without the running-max path (AT_MAX), 12 O into the Q buffer by 4-byte
+   stores and one copy per warpgroup (O_ROWS 64), 13 with one Q buffer the hand-over works
+   out the next tile (tile_of) before its first S instead of under it.
    0 (the default) is the kernel. */
 #ifndef FA_SM90_EXPT
 #define FA_SM90_EXPT 0
 #endif
 constexpr int EXPT = FA_SM90_EXPT;
+/* rows of O per copy-engine store (the O map's box): a warp's 16, so that no warp waits for
+   the others of its warpgroup before its rows leave */
+constexpr int O_ROWS = EXPT == 12 ? 64 : 16;
+/* in a tile slot beside the tile's index (< 2^30): the tile sees no key, so the hand-over
+   knows whether to start its first S before working the tile out */
+constexpr int NO_KEYS = 1 << 30;
 
 /* NQ Q buffers: with 2 or more, the next tile's Q arrives while this one's products run (with
    3 it is asked for at the tile's first K/V, as no O copy still holds its buffer). NC consumer
@@ -120,7 +128,7 @@ struct FastDiv {
 
 struct Args {
     CUtensorMap tq, tk, tv; /* (d, head, token, batch); boxes (64, 1, rows, 1): Q 64, K/V BN */
-    CUtensorMap to;         /* O, box as Q's; used when o_tma */
+    CUtensorMap to;         /* O, boxes of O_ROWS rows; used when o_tma */
     void *o;
     float *lse;
     int64_t o_sb, o_st, o_sh, lse_sb, lse_sh, lse_st;
@@ -257,7 +265,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 const int qb = tc % NQ;
                 mbar_wait(bar_qempty + 8 * qb, ((uint32_t)(tc / NQ) & 1u) ^ 1u); /* fresh: 1 */
                 tr(TR_P_Q, tc);
-                st_shared_s32(tile_slot + 4 * qb, t < a.tiles ? t : -1);
+                st_shared_s32(tile_slot + 4 * qb, t >= a.tiles ? -1 : w.ntiles ? t : t | NO_KEYS);
                 if (t >= a.tiles) {
                     mbar_arrive(bar_q + 8 * qb);
                     return;
@@ -542,9 +550,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     };
     if (SCHED == PINGPONG && c == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory"); /* 0 first */
 
-    /* The next tile from the producer (-1: none left), its Q and Q-empty barrier. */
+    /* The next tile from the producer (-1: none left), its Q and Q-empty barrier, and whether
+       it sees any key. */
     int tc = 0;
-    auto fetch = [&](uint32_t &q_smem, uint32_t &q_empty) {
+    auto fetch = [&](uint32_t &q_smem, uint32_t &q_empty, bool &keys) {
         const int qb = tc % NQ;
         mbar_wait(bar_q + 8 * qb, (uint32_t)(tc / NQ) & 1u);
         const int t = ld_shared_s32(tile_slot + 4 * qb);
@@ -552,7 +561,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         tc++;
         q_smem = base + (qb * NC + c) * Q_WG;
         q_empty = bar_qempty + 8 * qb;
-        return t;
+        keys = t < 0 || !(t & NO_KEYS);
+        return t < 0 ? t : t & (NO_KEYS - 1);
     };
     /* the softmax state of a new tile x */
     auto start = [&](const Tile &x) {
@@ -565,14 +575,15 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
        With the copy engine (o_tma, and rows wholly inside the sequence where varlen puts the
        next sequence's rows after them; otherwise the map clips at the tensor's end), O is
        written in 16 bits into this consumer's part of the tile's Q buffer (free: every S of
-       the tile has completed), in the 128-byte swizzle of the map, and one thread stores
-       it; the buffer goes back to the producer (`pending`) once the copy has read it, which
-       the next tile's first iteration checks, so the global writes overlap its products.
+       the tile has completed) by stmatrix, in the 128-byte swizzle of the map, and one thread
+       per warp stores the warp's 16 rows (no wait for the other warps); the buffer goes back
+       to the producer (`pending`) once the copies have read it, which the next tile's first
+       iteration checks, so the global writes overlap its products.
        Otherwise every thread stores its own elements, and the buffer goes back at once. */
     uint32_t pending = 0; /* the Q-empty barrier owed once this consumer's O copy has read */
     auto release = [&]() {
         if (!pending) return;
-        if (wtid == 0) bulk_wait_read();
+        if (lane == 0) bulk_wait_read(); /* the warp's copy (the warpgroup's: wtid 0's) */
         mbar_arrive(pending);
         pending = 0;
     };
@@ -585,52 +596,95 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     };
     auto store = [&](const Out &x, bool tma, const float (&mm)[2], const float (&ll)[2],
                      uint32_t q_smem, uint32_t q_empty) {
+        float lt[2], inv[2];
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
-            const int r = 16 * warp + g + 8 * hr, row = x.row0 + 64 * c + r;
-            const float lt = quad_sum(ll[hr]);
-            const float inv = lt > 0.f ? 1.f / lt : 0.f;
-            uint32_t v[NO]; /* the row's O in 16 bits: n8 tile j, columns 2 t4, 2 t4 + 1 */
+            lt[hr] = quad_sum(ll[hr]);
+            inv[hr] = lt[hr] > 0.f ? 1.f / lt[hr] : 0.f;
+        }
+        /* row g + 8 hr of O in 16 bits: n8 tile j, columns 2 t4, 2 t4 + 1 */
+        auto pack_o = [&](uint32_t (&v)[NO], int hr) {
 #pragma unroll
             for (int j = 0; j < NO; j++)
-                v[j] = pack2<T>(o[4 * j + 2 * hr] * inv, o[4 * j + 2 * hr + 1] * inv);
-            if (tma) {
+                v[j] = pack2<T>(o[4 * j + 2 * hr] * inv[hr], o[4 * j + 2 * hr + 1] * inv[hr]);
+        };
+        /* LSE = m ln 2 + log l of the row (rows past the sequence: not stored) */
+        auto store_lse = [&](int hr) {
+            const int row = x.row0 + 64 * c + 16 * warp + g + 8 * hr;
+            if (a.lse && t4 == 0 && row < x.sq)
+                a.lse[(int64_t)x.bo * a.lse_sb + (int64_t)x.h * a.lse_sh +
+                      (int64_t)(x.q0 + row) * a.lse_st] =
+                    lt[hr] > 0.f ? mm[hr] * 0.6931471805599453f + logf(lt[hr]) : -INFINITY;
+        };
+        if (!tma) {
 #pragma unroll
-                for (int j = 0; j < NO; j++)
-                    st_shared_u32(q_smem + (j / 8) * Q_PANEL + r * 128 +
-                                      (((j % 8) ^ (r % 8)) * 16) + 4 * t4, v[j]);
-            } else {
+            for (int hr = 0; hr < 2; hr++) {
+                const int row = x.row0 + 64 * c + 16 * warp + g + 8 * hr;
+                uint32_t v[NO];
+                pack_o(v, hr);
                 /* per 4 n8 tiles a 4 x 4 transpose across the quad: then lane t4 holds tile
                    4 jj + t4 whole (16 bytes; rows are 16-byte aligned, backend.c checks), and
                    the quad writes 64 contiguous bytes */
 #pragma unroll
                 for (int jj = 0; jj < NO / 4; jj++)
                     quad_transpose(v[4 * jj], v[4 * jj + 1], v[4 * jj + 2], v[4 * jj + 3], t4);
-            }
-            if (row >= x.sq) continue;
-            if (!tma) {
-                T *orow = (T *)a.o + (int64_t)x.bo * a.o_sb + (int64_t)(x.q0 + row) * a.o_st +
-                          (int64_t)x.h * a.o_sh;
+                if (row < x.sq) {
+                    T *orow = (T *)a.o + (int64_t)x.bo * a.o_sb + (int64_t)(x.q0 + row) * a.o_st +
+                              (int64_t)x.h * a.o_sh;
 #pragma unroll
-                for (int jj = 0; jj < NO / 4; jj++)
-                    *(uint4 *)(orow + 8 * (4 * jj + t4)) =
-                        make_uint4(v[4 * jj], v[4 * jj + 1], v[4 * jj + 2], v[4 * jj + 3]);
+                    for (int jj = 0; jj < NO / 4; jj++)
+                        *(uint4 *)(orow + 8 * (4 * jj + t4)) =
+                            make_uint4(v[4 * jj], v[4 * jj + 1], v[4 * jj + 2], v[4 * jj + 3]);
+                }
+                store_lse(hr);
             }
-            if (a.lse && t4 == 0)
-                a.lse[(int64_t)x.bo * a.lse_sb + (int64_t)x.h * a.lse_sh +
-                      (int64_t)(x.q0 + row) * a.lse_st] =
-                    lt > 0.f ? mm[hr] * 0.6931471805599453f + logf(lt) : -INFINITY;
+            return;
         }
-        if (!tma) return;
+        uint32_t v[2][NO];
+        pack_o(v[0], 0);
+        pack_o(v[1], 1);
+        if (EXPT == 12) {
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int r = 16 * warp + g + 8 * hr;
+#pragma unroll
+                for (int j = 0; j < NO; j++)
+                    st_shared_u32(q_smem + (j / 8) * Q_PANEL + r * 128 +
+                                      (((j % 8) ^ (r % 8)) * 16) + 4 * t4, v[hr][j]);
+            }
+        } else {
+            /* n8 tiles 2 jp, 2 jp + 1 of both row halves per instruction; lane L gives row L % 8
+               of matrix L / 8 (row half (L / 8) % 2, tile 2 jp + L / 16), whose 16 bytes sit
+               at chunk (tile % 8) ^ (row % 8) of the 128-byte swizzle */
+            const int hi = lane / 16, r = 16 * warp + 8 * ((lane / 8) % 2) + lane % 8;
+            const uint32_t row_at = q_smem + r * 128;
+#pragma unroll
+            for (int jp = 0; jp < NO / 2; jp++)
+                stmatrix_x4(row_at + (jp / 4) * Q_PANEL + ((((2 * jp) % 8) ^ hi ^ (r % 8)) << 4),
+                            v[0][2 * jp], v[1][2 * jp], v[0][2 * jp + 1], v[1][2 * jp + 1]);
+        }
         fence_async_smem();
-        asm volatile("bar.sync %0, 128;\n" ::"r"(3 + c) : "memory");
-        if (wtid == 0) {
+        if (O_ROWS == 64) { /* one copy of the warpgroup's 64 rows */
+            asm volatile("bar.sync %0, 128;\n" ::"r"(3 + c) : "memory");
+            if (wtid == 0) {
 #pragma unroll 1
-            for (int p = 0; p < PANELS; p++)
-                tma_store4(&a.to, q_smem + p * Q_PANEL, p * 64, x.h, x.q0 + x.row0 + 64 * c, x.bo);
-            bulk_commit();
+                for (int p = 0; p < PANELS; p++)
+                    tma_store4(&a.to, q_smem + p * Q_PANEL, p * 64, x.h, x.q0 + x.row0 + 64 * c, x.bo);
+                bulk_commit();
+            }
+        } else { /* each warp's 16 rows as soon as the warp has written them */
+            __syncwarp();
+            if (lane == 0) {
+#pragma unroll 1
+                for (int p = 0; p < PANELS; p++)
+                    tma_store4(&a.to, q_smem + p * Q_PANEL + warp * 16 * 128, p * 64, x.h,
+                               x.q0 + x.row0 + 64 * c + 16 * warp, x.bo);
+                bulk_commit();
+            }
         }
         pending = q_empty;
+        store_lse(0); /* after the copy is issued: the fence before it need not order these */
+        store_lse(1);
     };
     auto zero_o = [&]() {
 #pragma unroll
@@ -647,7 +701,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     float sc[BN / 2], alpha[2];
     uint32_t pa[BN / 16][4];
     uint32_t qempty = 0, sQn = 0, qempty_n = 0;
-    int t = fetch(sQ, qempty);
+    bool keys = true; /* whether the tile fetched last sees any key */
+    int t = fetch(sQ, qempty, keys);
     bool primed = false;
     if (t >= 0) tile_of<C>(a, t, w); /* true: the producer passed it */
     while (t >= 0) {
@@ -659,7 +714,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 release();
                 q_done(w, qempty);
                 store(out_of(w), by_tma(w), m, l, sQ, qempty);
-                t = fetch(sQ, qempty);
+                t = fetch(sQ, qempty, keys);
                 if (t >= 0) tile_of<C>(a, t, w);
                 continue;
             }
@@ -727,10 +782,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             my_turn();
             issue_pv(pa, v_smem(last));
             your_turn();
-            t = fetch(sQn, qempty_n);
-            if (t >= 0) tile_of<C>(a, t, wn);
-            tr(TR_B_TILE);
-            if (a.cross && t >= 0 && wn.ntiles > 0) {
+            t = fetch(sQn, qempty_n, keys);
+            if (EXPT == 13 && t >= 0) tile_of<C>(a, t, wn);
+            if (a.cross && t >= 0 && keys) { /* keys: tile_of can wait until S is issued */
                 wait_k(last + 1);
                 tr(TR_B_READY);
                 const uint32_t sQo = sQ;
@@ -739,6 +793,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 issue_s(sc, k_smem(last + 1));
                 your_turn();
                 tr(TR_B_ISSUED);
+                if (EXPT != 13) tile_of<C>(a, t, wn); /* under the products */
+                tr(TR_B_TILE);
                 wg_wait<1>(); /* P V done; the S may still run */
                 wg_pin(o);
                 wg_pin(pa);
@@ -761,6 +817,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 tr(TR_B_END);
                 primed = true;
             } else {
+                if (EXPT != 13 && t >= 0) tile_of<C>(a, t, wn);
                 wg_wait<0>();
                 wg_pin(o);
                 wg_pin(pa);
@@ -775,10 +832,12 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             }
             continue;
         }
-        t = fetch(sQn, qempty_n);
+        t = fetch(sQn, qempty_n, keys);
+        /* worked out before the products here: under them (as with one Q buffer) measured
+           1-3% slower on most d 64/128 rows (results/2026-11-25-h100-sm90-store.md) */
         if (t >= 0) tile_of<C>(a, t, wn);
         tr(TR_B_TILE);
-        if (a.cross && t >= 0 && wn.ntiles > 0) {
+        if (a.cross && t >= 0 && keys) {
             /* the next tile's first S with this tile's last P V */
             const int there = probe(last + 1, last);
             wait_k(last + 1);
@@ -835,7 +894,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     release();
     tr(TR_DONE);
     tr.finish();
-    if (wtid == 0) bulk_wait(); /* the shared memory stays until the last copy is done */
+    if (lane == 0) bulk_wait(); /* the shared memory stays until the last copy is done */
     /* consumer 0 takes consumer 1's last turn-passing, so no barrier is left half-arrived */
     if (SCHED == PINGPONG && c == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
 #endif

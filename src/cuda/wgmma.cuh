@@ -100,6 +100,15 @@ __device__ __forceinline__ void st_shared_s32(uint32_t addr, int v) {
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
     asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
+/* four 8x8 matrices of 16-bit values: lanes 8i .. 8i + 7 give the row addresses of matrix i
+   (16 bytes a row), and each lane's r_i holds (row lane / 4, columns 2 (lane % 4), + 1) of
+   matrix i: the m16n8 accumulator layout, so a warp writes 512 bytes per instruction */
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
+                                            uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                 "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+}
 __device__ __forceinline__ int ld_shared_s32(uint32_t addr) {
     int v;
     asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
