@@ -56,7 +56,8 @@ namespace sm90 {
    5 no P V; with right results, 6 the other wait for P V (FENCED's opposite), 8 the key
    loop's softmax without the running-max path (AT_MAX), 12 O into the Q buffer by 4-byte
    stores and one copy per warpgroup (O_ROWS 64), 13 with one Q buffer the hand-over works
-   out the next tile (tile_of) before its first S instead of under it.
+   out the next tile (tile_of) before its first S instead of under it, 17 with one Q buffer
+   O stored under the next tile's first S instead of while its Q is awaited.
    0 (the default) is the kernel. */
 #ifndef FA_SM90_EXPT
 #define FA_SM90_EXPT 0
@@ -776,12 +777,23 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         Tile wn;
         if (NQ == 1 && a.cross == 1) {
             /* One Q buffer: the next tile's Q has only just been asked for (the buffer went
-               back above), so this tile's last P V goes first and hides that load; then the
-               next tile's first S, under which this tile's O is stored. */
+               back above), so this tile's last P V goes first and hides that load, and this
+               tile's O is stored while the load is awaited (STORE_FIRST; or under the next
+               tile's first S) */
+            constexpr bool STORE_FIRST = EXPT != 17;
             wait_v(last, nt - 1);
             my_turn();
             issue_pv(pa, v_smem(last));
             your_turn();
+            if (STORE_FIRST) {
+                wg_wait<0>();
+                wg_pin(o);
+                wg_pin(pa);
+                tr(TR_B_PV_DONE);
+                free_v(last);
+                store(out_of(w), otma, m, l, sQ, qempty);
+                tr(TR_B_STORED);
+            }
             t = fetch(sQn, qempty_n, keys);
             if (EXPT == 13 && t >= 0) tile_of<C>(a, t, wn);
             if (a.cross && t >= 0 && keys) { /* keys: tile_of can wait until S is issued */
@@ -795,13 +807,15 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 tr(TR_B_ISSUED);
                 if (EXPT != 13) tile_of<C>(a, t, wn); /* under the products */
                 tr(TR_B_TILE);
-                wg_wait<1>(); /* P V done; the S may still run */
-                wg_pin(o);
-                wg_pin(pa);
-                tr(TR_B_PV_DONE);
-                free_v(last);
-                store(out_of(w), otma, m, l, sQo, qempty);
-                tr(TR_B_STORED);
+                if (!STORE_FIRST) {
+                    wg_wait<1>(); /* P V done; the S may still run */
+                    wg_pin(o);
+                    wg_pin(pa);
+                    tr(TR_B_PV_DONE);
+                    free_v(last);
+                    store(out_of(w), otma, m, l, sQo, qempty);
+                    tr(TR_B_STORED);
+                }
                 w = wn;
                 qempty = qempty_n;
                 ring = last + 1;
@@ -818,11 +832,13 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 primed = true;
             } else {
                 if (EXPT != 13 && t >= 0) tile_of<C>(a, t, wn);
-                wg_wait<0>();
-                wg_pin(o);
-                wg_pin(pa);
-                free_v(last);
-                store(out_of(w), otma, m, l, sQ, qempty);
+                if (!STORE_FIRST) {
+                    wg_wait<0>();
+                    wg_pin(o);
+                    wg_pin(pa);
+                    free_v(last);
+                    store(out_of(w), otma, m, l, sQ, qempty);
+                }
                 ring = last + 1;
                 if (t >= 0) {
                     w = wn;
