@@ -56,8 +56,8 @@ namespace sm90 {
    5 no P V; with right results, 6 the other wait for P V (FENCED's opposite), 8 the key
    loop's softmax without the running-max path (AT_MAX), 12 O into the Q buffer by 4-byte
    stores and one copy per warpgroup (O_ROWS 64), 13 with one Q buffer the hand-over works
-   out the next tile (tile_of) before its first S instead of under it, 17 with one Q buffer
-   O stored under the next tile's first S instead of while its Q is awaited.
+   out the next tile (tile_of) before its first S instead of under it, 17 at d 256 O stored
+   under the next tile's first S instead of while its Q is awaited (STORE_FIRST).
    0 (the default) is the kernel. */
 #ifndef FA_SM90_EXPT
 #define FA_SM90_EXPT 0
@@ -777,10 +777,11 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         Tile wn;
         if (NQ == 1 && a.cross == 1) {
             /* One Q buffer: the next tile's Q has only just been asked for (the buffer went
-               back above), so this tile's last P V goes first and hides that load, and this
-               tile's O is stored while the load is awaited (STORE_FIRST; or under the next
-               tile's first S) */
-            constexpr bool STORE_FIRST = EXPT != 17;
+               back above), so this tile's last P V goes first and hides that load. This
+               tile's O is stored while the load is awaited where O is wide against the key
+               tile (D > BN: d 256, +1-3% at 512-2048 keys), else under the next tile's first
+               S (d 128 x 176: 2% faster at 8192 keys; results/2026-11-25-h100-sm90-store.md) */
+            constexpr bool STORE_FIRST = D > BN && EXPT != 17;
             wait_v(last, nt - 1);
             my_turn();
             issue_pv(pa, v_smem(last));
