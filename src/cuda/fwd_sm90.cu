@@ -33,6 +33,14 @@ bool long_tiles(const fa_problem *p, int D, int choice, bool masked) {
     return D == 128 && p->seqlen_k >= 8192;
 }
 
+/* The consumer schedule of a two-consumer tiling where FLASHATTN_SM90_SCHEDULE leaves it to the
+   kernel: the ping-pong turns for unmasked rows of at most 1024 keys at d 64/128, where the
+   GPU runs found them faster (d 64 512/1024 +5-6%, d 128 512 +2.5%; level from 2048 and on
+   masked rows: results/2026-11-25-h100-sm90-pingpong.md), else the free overlap. */
+int schedule_of(const fa_problem *p, int D, bool uneven) {
+    return !uneven && D <= 128 && p->seqlen_k <= 1024 ? PINGPONG : OVERLAP;
+}
+
 /* Whether this build holds sm_90a code for the kernel (a build without it has only the empty
    body of the other targets' pass). */
 template <typename C> bool has_sm90a() {
@@ -78,7 +86,7 @@ int env_choice(const char *name, const char *const *vals, int n) {
 
 /*
  * Bring-up switches (the GPU runs chose the defaults; bench/NOTES.md has each A/B):
- *   FLASHATTN_SM90_SCHEDULE=overlap|pingpong   consumer schedule
+ *   FLASHATTN_SM90_SCHEDULE=auto|overlap|pingpong   consumer schedule (auto: schedule_of)
  *   FLASHATTN_SM90_CROSS=1|0|joint   the pipeline runs on across work tiles (joint: with one
  *       Q buffer too, the next tile's first S issued with this tile's last P V)
  *   FLASHATTN_SM90_OSTORE=tma|direct   O by the copy engine through the Q buffer, or by threads
@@ -99,13 +107,13 @@ struct Switches {
     double l2mb;
 };
 Switches switches() {
-    static const char *const sched_vals[] = {"overlap", "pingpong"};
+    static const char *const sched_vals[] = {"auto", "overlap", "pingpong"};
     static const char *const on_off[] = {"1", "0"};
     static const char *const cross_vals[] = {"1", "0", "joint"};
     static const char *const ostore_vals[] = {"tma", "direct"};
     static const char *const grid_vals[] = {"persistent", "tiles", "static", "dynamic"};
     Switches w;
-    w.sched = env_choice("FLASHATTN_SM90_SCHEDULE", sched_vals, 2);
+    w.sched = env_choice("FLASHATTN_SM90_SCHEDULE", sched_vals, 3) - 1; /* -1: auto */
     static const int cross_of[] = {1, 0, 2};
     w.cross = cross_of[env_choice("FLASHATTN_SM90_CROSS", cross_vals, 3)];
     w.o_tma = env_choice("FLASHATTN_SM90_OSTORE", ostore_vals, 2) == 0;
@@ -221,8 +229,9 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.q_early = sw.q_early;
     a.lazy = sw.lazy;
     /* the ping-pong turns are written for two consumers */
-    const int sched = BM == 128 ? sw.sched : (int)OVERLAP, gmode = sw.gmode;
     const bool uneven = a.m.win_left >= 0 || a.m.win_right >= 0 || p->cu_q;
+    const int sched = BM != 128 ? (int)OVERLAP : sw.sched >= 0 ? sw.sched : schedule_of(p, D, uneven);
+    const int gmode = sw.gmode;
     const bool dynamic = l->ws && l->ws_bytes >= 4 && (gmode == 3 || (gmode == 0 && uneven));
     const int blocks = sw.blocks > 0 ? sw.blocks : l->num_sms > 0 ? l->num_sms : 1;
     const int grid = gmode != 1 && a.tiles > blocks ? blocks : a.tiles;

@@ -18,10 +18,11 @@
  *     softmax of j + 1 runs while the latter finishes (FENCED); at d 64/128 it runs after it,
  *     against the running max straight into P (exp_at_max), while the other consumers'
  *     products hold the tensor cores. K is released after S, V after P V.
- *     Schedule PINGPONG (a bring-up switch) adds turns between the two consumers. O leaves
- *     through the finished tile's Q buffer and the copy engine where there are two Q buffers or
- *     more, else from the threads (`store`); with one Q buffer the last P V of a tile goes
- *     first and the next tile's Q is awaited under it.
+ *     Schedule PINGPONG adds turns between the two consumers (fwd_sm90.cu's schedule_of
+ *     picks it for unmasked rows of up to 1024 keys). O leaves through the finished tile's Q
+ *     buffer and the copy engine where there are two Q buffers or more, else from the threads
+ *     (`store`); with one Q buffer the last P V of a tile goes first and the next tile's Q is
+ *     awaited under it (at d 256 while O is stored).
  *
  * It serves head dims 64, 128 and 256, fp16/bf16, BSHD and varlen, every mask (causal
  * bottom-right, windows), softcap, ALiBi, GQA; fa_sm90_fwd refuses everything else (other
@@ -146,7 +147,7 @@ struct Args {
     ScoreMods m; /* windows (causal: right window 0, bottom-right), scale, softcap, ALiBi */
 };
 
-/* consumer schedules (bring-up: FLASHATTN_SM90_SCHEDULE picks one until the GPU has chosen) */
+/* consumer schedules (schedule_of in fwd_sm90.cu; FLASHATTN_SM90_SCHEDULE overrides) */
 enum Schedule { OVERLAP = 0, PINGPONG = 1 };
 
 /* One work tile: query block m of head h in sequence b, and the key tiles it visits. */
