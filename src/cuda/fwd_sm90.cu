@@ -35,8 +35,8 @@ bool long_tiles(const fa_problem *p, int D, int choice, bool masked) {
 
 /* The consumer schedule of a two-consumer tiling where FLASHATTN_SM90_SCHEDULE leaves it to the
    kernel: the ping-pong turns for unmasked rows of at most 1024 keys at d 64/128, where the
-   GPU runs found them faster (d 64 512/1024 +5-6%, d 128 512 +2.5%; level from 2048 and on
-   masked rows: results/2026-11-25-h100-sm90-pingpong.md), else the free overlap. */
+   GPU runs found them faster (d 64 512/1024 +5-6%, d 128 512/1024 +1-3%; level from 2048
+   and on masked rows: results/2026-11-25-h100-sm90-pingpong.md), else the free overlap. */
 int schedule_of(const fa_problem *p, int D, bool uneven) {
     return !uneven && D <= 128 && p->seqlen_k <= 1024 ? PINGPONG : OVERLAP;
 }
