@@ -34,11 +34,11 @@ bool long_tiles(const fa_problem *p, int D, int choice, bool masked) {
 }
 
 /* The consumer schedule of a two-consumer tiling where FLASHATTN_SM90_SCHEDULE leaves it to the
-   kernel: the ping-pong turns for unmasked rows of at most 1024 keys at d 64/128, where the
-   GPU runs found them faster (d 64 512/1024 +5-6%, d 128 512/1024 +1-3%; level from 2048
-   and on masked rows: results/2026-11-25-h100-sm90-pingpong.md), else the free overlap. */
-int schedule_of(const fa_problem *p, int D, bool uneven) {
-    return !uneven && D <= 128 && p->seqlen_k <= 1024 ? PINGPONG : OVERLAP;
+   kernel: the ping-pong turns for unmasked rows of at most 1024 keys, where the GPU runs
+   found them faster (d 64 512/1024 +5-6%, d 128 and d 256 at 512 +1-5%; level from 2048 and
+   on masked rows: results/2026-11-25-h100-sm90-pingpong.md), else the free overlap. */
+int schedule_of(const fa_problem *p, bool uneven) {
+    return !uneven && p->seqlen_k <= 1024 ? PINGPONG : OVERLAP;
 }
 
 /* Whether this build holds sm_90a code for the kernel (a build without it has only the empty
@@ -230,7 +230,7 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.lazy = sw.lazy;
     /* the ping-pong turns are written for two consumers */
     const bool uneven = a.m.win_left >= 0 || a.m.win_right >= 0 || p->cu_q;
-    const int sched = BM != 128 ? (int)OVERLAP : sw.sched >= 0 ? sw.sched : schedule_of(p, D, uneven);
+    const int sched = BM != 128 ? (int)OVERLAP : sw.sched >= 0 ? sw.sched : schedule_of(p, uneven);
     const int gmode = sw.gmode;
     const bool dynamic = l->ws && l->ws_bytes >= 4 && (gmode == 3 || (gmode == 0 && uneven));
     const int blocks = sw.blocks > 0 ? sw.blocks : l->num_sms > 0 ? l->num_sms : 1;
