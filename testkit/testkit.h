@@ -166,6 +166,10 @@ void tk_report_addf(tk_report *r, const char *fmt, ...)
 #endif
     ;
 
+/* The case as `backend` runs it: the CUDA kernels take f16 and bf16, so there an f32 case
+   runs in bf16 (every shape and option of the sweeps runs on the GPU too). */
+tk_case tk_case_on(const tk_case *c, fa_backend backend);
+
 /* Runs one case under the rule. opts NULL: CPU, FA_ALGO_AUTO. Returns report->status. */
 int tk_run_case(const tk_case *c, const tk_opts *opts, uint64_t seed, tk_report *report);
 

@@ -412,6 +412,12 @@ static void sel_name(fa_context *ctx, char *dst, size_t len) {
 
 /* ---- the case ---- */
 
+tk_case tk_case_on(const tk_case *c, fa_backend backend) {
+    tk_case r = *c;
+    if (backend == FA_BACKEND_CUDA && r.dtype == FA_DTYPE_F32) r.dtype = FA_DTYPE_BF16;
+    return r;
+}
+
 int tk_run_case(const tk_case *c, const tk_opts *opts, uint64_t seed, tk_report *r) {
     tk_opts defaults = {FA_BACKEND_CPU, FA_ALGO_AUTO, 0, 0};
     if (!opts) opts = &defaults;

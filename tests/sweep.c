@@ -70,15 +70,9 @@ int sweep_main(int argc, char **argv, const char *group, const tk_case *cases, s
         nextra = 0; /* the extra tests exercise the CPU backend */
     }
     const char *bname = backend == FA_BACKEND_CUDA ? "cuda" : "cpu";
-    /* The CUDA kernels take f16 and bf16: the GPU run turns the f32 cases into bf16 ones, so
-       every shape and option of the sweep runs there too. */
     tk_case *mine = calloc(n ? n : 1, sizeof *mine);
     if (!mine) return 1;
-    for (size_t i = 0; i < n; i++) {
-        mine[i] = cases[i];
-        if (backend == FA_BACKEND_CUDA && mine[i].dtype == FA_DTYPE_F32)
-            mine[i].dtype = FA_DTYPE_BF16;
-    }
+    for (size_t i = 0; i < n; i++) mine[i] = tk_case_on(&cases[i], backend);
     size_t total = n + nextra;
     struct CMUnitTest *tests = calloc(total ? total : 1, sizeof *tests);
     item *items = calloc(n ? n : 1, sizeof *items);
