@@ -143,6 +143,7 @@ struct Args {
                      buffer as with more, the next tile's Q awaited before the last P V) */
     int o_tma;    /* O leaves through the tile's Q buffer and the copy engine (NQ >= 2) */
     int q_early;  /* the next tile's Q is loaded early in this one (NQ >= 2) */
+    int kv_first; /* with one Q buffer the next tile's first K/V goes before its Q */
     float lazy;   /* the running max moves only when it grows by more than this (log2) */
     ScoreMods m; /* windows (causal: right window 0, bottom-right), scale, softcap, ALiBi */
 };
@@ -306,7 +307,15 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             /* The next tile's Q goes out early in this one, so that its latency hides behind
                this tile's products: with three Q buffers after the first K/V (its buffer was
                given back a tile ago), with two after the third (its buffer comes back early in
-               this tile, once the tile before's O copy has read it), with one after the last. */
+               this tile, once the tile before's O copy has read it), with one after the last.
+               With one, the next tile's first K/V goes out before that Q (KV_FIRST): its slots
+               come free an iteration before the Q buffer does (never after: the consumers give
+               them back before the Q buffer), and after the Q it had waited behind the Q-empty
+               wait (d 256 512: 2500 cycles a tile waiting for K once Q had
+               landed, results/2026-11-25-h100-sm90-ahead-mask.md). Not in d 128 x 176, whose
+               24-register producer would spill for it (and whose tiles are long). */
+            constexpr bool KV_FIRST = NQ == 1 && C::REG_P >= 40;
+            int first = 0; /* key tiles of this tile loaded already (KV_FIRST: 0 or 1) */
             for (; t < a.tiles; tc++) {
                 const int nt = w.ntiles, hk = w.h / a.group, t_first = w.t_first;
                 const int k0 = w.k0, bt = w.bt;
@@ -316,14 +325,19 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                     tn = find(next(t), w);
                     load_q(tc + 1, tn, w);
                 }
+                /* the K and V of the key tile at token tok of kv head hk, at ring position pos */
+                auto load_pair = [&](int kh, int tok, int b) {
+                    load_kv(pos, OFF_K, bar_kfull, bar_kempty, &a.tk, kh, tok, b);
+                    load_kv(pos, OFF_V, bar_vfull, bar_vempty, &a.tv, kh, tok, b);
+                    pos++;
+                };
 #pragma unroll 1
                 for (int it = 0; it < nt; it++) {
-                    const int tok = k0 + (t_first + nt - 1 - it) * BN;
-                    load_kv(pos, OFF_K, bar_kfull, bar_kempty, &a.tk, hk, tok, bt);
-                    load_kv(pos, OFF_V, bar_vfull, bar_vempty, &a.tv, hk, tok, bt);
-                    pos++;
+                    if (it >= first) load_pair(hk, k0 + (t_first + nt - 1 - it) * BN, bt);
                     if (it == q_at) { /* w becomes the next tile */
                         tn = find(next(t), w);
+                        first = KV_FIRST && a.kv_first && tn < a.tiles && w.ntiles > 0;
+                        if (first) load_pair(w.h / a.group, w.k0 + (w.t_first + w.ntiles - 1) * BN, w.bt);
                         load_q(tc + 1, tn, w);
                     }
                 }
