@@ -20,16 +20,17 @@ template <typename F> auto with_cfg(int D, bool lng, F f) {
     switch (D) {
     case 64: return lng ? f(Tiles<64>::Long{}) : f(Tiles<64>::C{});
     case 128: return lng ? f(Tiles<128>::Long{}) : f(Tiles<128>::C{});
-    default: return f(Tiles<256>::C{});
+    default: return lng ? f(Tiles<256>::Long{}) : f(Tiles<256>::C{});
     }
 }
 
 /* Whether p takes the Long tiling: where the GPU runs found it faster (bench/NOTES.md, d 64
-   from 2048 keys unmasked and 4096 masked, d 128 from 8192); FLASHATTN_SM90_TILES=short|long
-   overrides. */
+   from 2048 keys unmasked and 4096 masked, d 128 from 8192, d 256 but for masks over at most
+   512 keys); FLASHATTN_SM90_TILES=short|long overrides. */
 bool long_tiles(const fa_problem *p, int D, int choice, bool masked) {
     if (choice) return choice == 2;
     if (D == 64) return p->seqlen_k >= (masked ? 4096 : 2048);
+    if (D == 256) return !(masked && p->seqlen_k <= 512);
     return D == 128 && p->seqlen_k >= 8192;
 }
 
@@ -98,9 +99,9 @@ int env_choice(const char *name, const char *const *vals, int n) {
  *   FLASHATTN_SM90_TILES=auto|short|long   the tiling (Tiles; auto: long_tiles's choice)
  *   FLASHATTN_SM90_GRID=persistent|tiles|static|dynamic|<n>   persistent (default): one block
  *       per SM looping over the tiles, in the dynamic order where tiles differ in length
- *       (masks, varlen; it needs the workspace's counter), else static; tiles: one block per
- *       tile; static/dynamic: persistent in that order; n: at most n blocks (the tests use a
- *       small n so that every block takes several tiles)
+ *       (masks, varlen) or are short (at most 512 keys; it needs the workspace's counter),
+ *       else static; tiles: one block per tile; static/dynamic: persistent in that order; n:
+ *       at most n blocks (the tests use a small n so that every block takes several tiles)
  */
 struct Switches {
     int sched, cross, o_tma, q_early, kv_first, gmode, blocks, tiles;
@@ -235,7 +236,12 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     const bool uneven = a.m.win_left >= 0 || a.m.win_right >= 0 || p->cu_q;
     const int sched = BM != 128 ? (int)OVERLAP : sw.sched >= 0 ? sw.sched : schedule_of(p, uneven);
     const int gmode = sw.gmode;
-    const bool dynamic = l->ws && l->ws_bytes >= 4 && (gmode == 3 || (gmode == 0 && uneven));
+    /* the dynamic order where tiles differ in length, and where they are short: equal short
+       tiles in the static order keep the blocks in step, all loading their next Q at once
+       (d 128/256 at 512 keys +1.5/+2.5% in three rounds, level from 1024:
+       results/2026-11-25-h100-sm90-short-rows.md) */
+    const bool dynamic = l->ws && l->ws_bytes >= 4 &&
+                         (gmode == 3 || (gmode == 0 && (uneven || p->seqlen_k <= 512)));
     const int blocks = sw.blocks > 0 ? sw.blocks : l->num_sms > 0 ? l->num_sms : 1;
     const int grid = gmode != 1 && a.tiles > blocks ? blocks : a.tiles;
     static const char *const sched_name[] = {"", "_pingpong"};

@@ -104,11 +104,13 @@ template <> struct Tiles<128> {
     using C = Cfg<128, 128, 2, 3>;
     using Long = Cfg<128, 176, 2, 1, 2, 24>;
 };
-/* d 256: 80 keys (as FlashAttention-3), 2 stages, 1 Q buffer (224 KB): S's 40 registers
-   still fit beside O's 128 */
+/* d 256: 1 Q buffer, 2 stages. Long: 80 keys (as FlashAttention-3; 224 KB): S's 40 registers
+   still fit beside O's 128. Short: 64 keys (192 KB), which split powers of two and the causal
+   diagonal of 128-row tiles without a partly used key tile (512 = 6 x 80 + 32): at 512 keys
+   causal +4%, unmasked level, slower from 1024 (the extra iterations' waits) */
 template <> struct Tiles<256> {
-    using C = Cfg<256, 80, 2, 1>;
-    using Long = C;
+    using C = Cfg<256, 64, 2, 1>;
+    using Long = Cfg<256, 80, 2, 1>;
 };
 
 /* Division by a launch constant d (1 <= d < 2^31) of n in [0, 2^31) as a multiply-high and a
