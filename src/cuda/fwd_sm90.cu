@@ -94,6 +94,8 @@ int env_choice(const char *name, const char *const *vals, int n) {
  *   FLASHATTN_SM90_QEARLY=1|0     the next tile's Q early in this one (as early as the Q
  *       buffers allow: fwd_sm90.cuh), or after its last K/V
  *   FLASHATTN_SM90_KVFIRST=1|0    with one Q buffer, the next tile's first K/V before its Q
+ *   FLASHATTN_SM90_ALIGN=end|start   a sequence's query blocks end at its last row, or start
+ *       at its first
  *   FLASHATTN_SM90_LAZY=<0..8>    softmax rescale threshold, log2 units (0: every increase)
  *   FLASHATTN_SM90_L2MB=<MB>      L2 budget of a tile group's K/V (default 12; 0: one pair)
  *   FLASHATTN_SM90_TILES=auto|short|long   the tiling (Tiles; auto: long_tiles's choice)
@@ -104,7 +106,7 @@ int env_choice(const char *name, const char *const *vals, int n) {
  *       at most n blocks (the tests use a small n so that every block takes several tiles)
  */
 struct Switches {
-    int sched, cross, o_tma, q_early, kv_first, gmode, blocks, tiles;
+    int sched, cross, o_tma, q_early, kv_first, align_end, gmode, blocks, tiles;
     float lazy;
     double l2mb;
 };
@@ -121,6 +123,8 @@ Switches switches() {
     w.o_tma = env_choice("FLASHATTN_SM90_OSTORE", ostore_vals, 2) == 0;
     w.q_early = env_choice("FLASHATTN_SM90_QEARLY", on_off, 2) == 0;
     w.kv_first = env_choice("FLASHATTN_SM90_KVFIRST", on_off, 2) == 0;
+    static const char *const align_vals[] = {"end", "start"};
+    w.align_end = env_choice("FLASHATTN_SM90_ALIGN", align_vals, 2) == 0;
     const char *lazy = getenv("FLASHATTN_SM90_LAZY");
     w.lazy = lazy ? (float)atof(lazy) : 8.f;
     if (!(w.lazy >= 0.f && w.lazy <= 8.f)) w.lazy = 8.f; /* P stays below 2^8: what was tested */
@@ -231,6 +235,7 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.cross = sw.cross;
     a.q_early = sw.q_early;
     a.kv_first = sw.kv_first;
+    a.align_end = sw.align_end;
     a.lazy = sw.lazy;
     /* the ping-pong turns are written for two consumers */
     const bool uneven = a.m.win_left >= 0 || a.m.win_right >= 0 || p->cu_q;

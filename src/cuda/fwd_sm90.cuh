@@ -146,6 +146,7 @@ struct Args {
     int o_tma;    /* O leaves through the tile's Q buffer and the copy engine (NQ >= 2) */
     int q_early;  /* the next tile's Q is loaded early in this one (NQ >= 2) */
     int kv_first; /* with one Q buffer the next tile's first K/V goes before its Q */
+    int align_end; /* a sequence's query blocks end at its last row (tile_of) */
     float lazy;   /* the running max moves only when it grows by more than this (log2) */
     ScoreMods m; /* windows (causal: right window 0, bottom-right), scale, softcap, ALiBi */
 };
@@ -204,8 +205,13 @@ __device__ __forceinline__ bool tile_of(const Args &a, int t, Tile &w) {
         w.bt = w.bo = 0;
     }
     w.diag = w.sk - w.sq;
-    w.row0 = m_block * BM;
-    if (w.row0 >= w.sq) return false;
+    /* align_end: the blocks end at the sequence's last row, so that where BM does not divide
+       it (d 64's 192 rows at every power of two) the partial block is the first, the shortest
+       under a causal mask, not the last, the longest; its rows before the sequence (zero Q)
+       are computed and never stored */
+    const int nb = (w.sq + BM - 1) / BM;
+    if (m_block >= nb) return false;
+    w.row0 = m_block * BM - (a.align_end ? nb * BM - w.sq : 0);
     const int last_row = min(w.row0 + BM, w.sq) - 1;
     const int n_lo = lo_of(a, w, w.row0), n_hi = hi_of(a, w, last_row);
     w.lo_max = lo_of(a, w, last_row);
@@ -604,9 +610,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         m[0] = m[1] = -INFINITY;
         l[0] = l[1] = 0.f;
     };
-    /* O / l and LSE = m ln2 + log l of tile x; rows past the sequence are not stored.
-       With the copy engine (o_tma, and rows wholly inside the sequence where varlen puts the
-       next sequence's rows after them; otherwise the map clips at the tensor's end), O is
+    /* O / l and LSE = m ln2 + log l of tile x; rows outside the sequence are not stored.
+       With the copy engine (o_tma, no row before the sequence's first, and rows wholly inside
+       it where varlen puts the next sequence's rows after them; otherwise the map clips at
+       the tensor's end), O is
        written in 16 bits into this consumer's part of the tile's Q buffer (free: every S of
        the tile has completed) by stmatrix, in the 128-byte swizzle of the map, and one thread
        per warp stores the warp's 16 rows (no wait for the other warps); the buffer goes back
@@ -621,7 +628,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         pending = 0;
     };
     auto by_tma = [&](const Tile &x) {
-        return C::NQ >= 2 && a.o_tma && (!a.cu_q || x.row0 + 64 * c + 64 <= x.sq);
+        return C::NQ >= 2 && a.o_tma && x.row0 + 64 * c >= 0 &&
+               (!a.cu_q || x.row0 + 64 * c + 64 <= x.sq);
     };
     /* after the tile's last S: the Q buffer goes back now unless O leaves through it */
     auto q_done = [&](const Tile &x, uint32_t q_empty) {
@@ -644,7 +652,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         /* LSE = m ln 2 + log l of the row (rows past the sequence: not stored) */
         auto store_lse = [&](int hr) {
             const int row = x.row0 + 64 * c + 16 * warp + g + 8 * hr;
-            if (a.lse && t4 == 0 && row < x.sq)
+            if (a.lse && t4 == 0 && row >= 0 && row < x.sq)
                 a.lse[(int64_t)x.bo * a.lse_sb + (int64_t)x.h * a.lse_sh +
                       (int64_t)(x.q0 + row) * a.lse_st] =
                     lt[hr] > 0.f ? mm[hr] * 0.6931471805599453f + logf(lt[hr]) : -INFINITY;
@@ -661,7 +669,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
 #pragma unroll
                 for (int jj = 0; jj < NO / 4; jj++)
                     quad_transpose(v[4 * jj], v[4 * jj + 1], v[4 * jj + 2], v[4 * jj + 3], t4);
-                if (row < x.sq) {
+                if (row >= 0 && row < x.sq) {
                     T *orow = (T *)a.o + (int64_t)x.bo * a.o_sb + (int64_t)(x.q0 + row) * a.o_st +
                               (int64_t)x.h * a.o_sh;
 #pragma unroll
