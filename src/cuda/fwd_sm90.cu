@@ -101,9 +101,10 @@ int env_choice(const char *name, const char *const *vals, int n) {
  *   FLASHATTN_SM90_TILES=auto|short|long   the tiling (Tiles; auto: long_tiles's choice)
  *   FLASHATTN_SM90_GRID=persistent|tiles|static|dynamic|<n>   persistent (default): one block
  *       per SM looping over the tiles, in the dynamic order where tiles differ in length
- *       (masks, varlen) or are short (at most 512 keys; it needs the workspace's counter),
- *       else static; tiles: one block per tile; static/dynamic: persistent in that order; n:
- *       at most n blocks (the tests use a small n so that every block takes several tiles)
+ *       (masks, varlen), are short (at most 512 keys) or have several Q buffers (it needs
+ *       the workspace's counter), else static; tiles: one block per tile; static/dynamic:
+ *       persistent in that order; n: at most n blocks (the tests use a small n so that
+ *       every block takes several tiles)
  */
 struct Switches {
     int sched, cross, o_tma, q_early, kv_first, align_end, gmode, blocks, tiles;
@@ -241,12 +242,15 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     const bool uneven = a.m.win_left >= 0 || a.m.win_right >= 0 || p->cu_q;
     const int sched = BM != 128 ? (int)OVERLAP : sw.sched >= 0 ? sw.sched : schedule_of(p, uneven);
     const int gmode = sw.gmode;
-    /* the dynamic order where tiles differ in length, and where they are short: equal short
-       tiles in the static order keep the blocks in step, all loading their next Q at once
-       (d 128/256 at 512 keys +1.5/+2.5% in three rounds, level from 1024:
-       results/2026-11-25-h100-sm90-short-rows.md) */
+    /* the dynamic order where tiles differ in length, where they are short, and in the
+       tilings with two Q buffers or more (all at d 64, d 128 short): equal tiles in the static order
+       keep the blocks in step, all loading their next Q at once (d 128/256 at 512 keys
+       +1.5/+2.5% in three rounds, results/2026-11-25-h100-sm90-short-rows.md; d 128 2048
+       +8% in three rounds and +9% in another call, 4096 +1.4%, d 64 1024 +1.7%, 2048/4096
+       level; the one-Q-buffer d 256 2048/4096 -1%: results/2026-11-25-h100-sm90-align.md) */
+    const int nq = with_cfg(D, lng, [](auto c) { return decltype(c)::NQ; });
     const bool dynamic = l->ws && l->ws_bytes >= 4 &&
-                         (gmode == 3 || (gmode == 0 && (uneven || p->seqlen_k <= 512)));
+                         (gmode == 3 || (gmode == 0 && (uneven || p->seqlen_k <= 512 || nq >= 2)));
     const int blocks = sw.blocks > 0 ? sw.blocks : l->num_sms > 0 ? l->num_sms : 1;
     const int grid = gmode != 1 && a.tiles > blocks ? blocks : a.tiles;
     static const char *const sched_name[] = {"", "_pingpong"};
