@@ -243,11 +243,12 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     const int sched = BM != 128 ? (int)OVERLAP : sw.sched >= 0 ? sw.sched : schedule_of(p, uneven);
     const int gmode = sw.gmode;
     /* the dynamic order where tiles differ in length, where they are short, and in the
-       tilings with two Q buffers or more (all at d 64, d 128 short): equal tiles in the static order
-       keep the blocks in step, all loading their next Q at once (d 128/256 at 512 keys
-       +1.5/+2.5% in three rounds, results/2026-11-25-h100-sm90-short-rows.md; d 128 2048
-       +8% in three rounds and +9% in another call, 4096 +1.4%, d 64 1024 +1.7%, 2048/4096
-       level; the one-Q-buffer d 256 2048/4096 -1%: results/2026-11-25-h100-sm90-align.md) */
+       tilings with two Q buffers or more (both at d 64, d 128's short): equal tiles in the
+       static order keep the blocks in step, all loading their next Q at once (d 128/256 at
+       512 keys +1.5/+2.5% in three rounds, results/2026-11-25-h100-sm90-short-rows.md; d 128
+       2048 +8% in three rounds and +9% in another call, 4096 +1.4%, d 64 1024 +1.7%,
+       2048/4096 level; the one-Q-buffer d 256 2048/4096 -1%:
+       results/2026-11-25-h100-sm90-align.md) */
     const int nq = with_cfg(D, lng, [](auto c) { return decltype(c)::NQ; });
     const bool dynamic = l->ws && l->ws_bytes >= 4 &&
                          (gmode == 3 || (gmode == 0 && (uneven || p->seqlen_k <= 512 || nq >= 2)));

@@ -610,16 +610,15 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         m[0] = m[1] = -INFINITY;
         l[0] = l[1] = 0.f;
     };
-    /* O / l and LSE = m ln2 + log l of tile x; rows outside the sequence are not stored.
-       With the copy engine (o_tma, no row before the sequence's first, and rows wholly inside
-       it where varlen puts the next sequence's rows after them; otherwise the map clips at
-       the tensor's end), O is
-       written in 16 bits into this consumer's part of the tile's Q buffer (free: every S of
-       the tile has completed) by stmatrix, in the 128-byte swizzle of the map, and one thread
-       per warp stores the warp's 16 rows (no wait for the other warps); the buffer goes back
-       to the producer (`pending`) once the copies have read it, which the next tile's first
-       iteration checks, so the global writes overlap its products.
-       Otherwise every thread stores its own elements, and the buffer goes back at once. */
+    /* O / l and LSE = m ln2 + log l of tile x; rows outside the sequence are not stored. With
+       the copy engine (o_tma, no row before the sequence's first, and rows wholly inside it
+       where varlen puts the next sequence's rows after them; otherwise the map clips at the
+       tensor's end), O is written in 16 bits into this consumer's part of the tile's Q buffer
+       (free: every S of the tile has completed) by stmatrix, in the 128-byte swizzle of the
+       map, and one thread per warp stores the warp's 16 rows (no wait for the other warps);
+       the buffer goes back to the producer (`pending`) once the copies have read it, which the
+       next tile's first iteration checks, so the global writes overlap its products. Otherwise
+       every thread stores its own elements, and the buffer goes back at once. */
     uint32_t pending = 0; /* the Q-empty barrier owed once this consumer's O copy has read */
     auto release = [&]() {
         if (!pending) return;
@@ -649,7 +648,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             for (int j = 0; j < NO; j++)
                 v[j] = pack2<T>(o[4 * j + 2 * hr] * inv[hr], o[4 * j + 2 * hr + 1] * inv[hr]);
         };
-        /* LSE = m ln 2 + log l of the row (rows past the sequence: not stored) */
+        /* LSE = m ln 2 + log l of the row (rows outside the sequence: not stored) */
         auto store_lse = [&](int hr) {
             const int row = x.row0 + 64 * c + 16 * warp + g + 8 * hr;
             if (a.lse && t4 == 0 && row >= 0 && row < x.sq)
