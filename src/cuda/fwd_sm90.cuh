@@ -78,7 +78,12 @@ constexpr int NO_KEYS = 1 << 30;
 template <int D_, int BN_, int STAGES_, int NQ_, int NC_ = 2, int REG_P_ = 40> struct Cfg {
     static constexpr int D = D_, BN = BN_, STAGES = STAGES_, NQ = NQ_, PANELS = D / 64;
     static constexpr int NC = NC_, BM = 64 * NC, THREADS = 128 * (NC + 1), CTHREADS = 128 * NC;
-    static constexpr int REG_P = REG_P_, REG_C = (65536 / 128 - REG_P) / NC / 8 * 8;
+    /* setmaxnreg moves registers within the block's launch allocation (THREADS x what
+       ptxas gives a thread at launch: a multiple of 8 that fits 64K): the producer's release
+       has to cover the consumers' raise, else the raise waits for ever (as a four-consumer
+       tiling did at (512 - REG_P) / NC: results/2026-11-25-h100-sm90-tilings.md) */
+    static constexpr int REG_P = REG_P_, REG_LAUNCH = 65536 / THREADS / 8 * 8;
+    static constexpr int REG_C = (REG_LAUNCH * THREADS / 128 - REG_P) / NC / 8 * 8;
     static constexpr uint32_t Q_PANEL = 64 * 128, Q_WG = PANELS * Q_PANEL; /* bytes */
     static constexpr uint32_t KV_PANEL = BN * 128, KV_TILE = PANELS * KV_PANEL;
     static constexpr uint32_t OFF_K = NQ * NC * Q_WG, OFF_V = OFF_K + STAGES * KV_TILE;
