@@ -19,7 +19,8 @@ import sys
 
 NAMES = {1: "FETCH", 2: "ITER", 3: "READY", 4: "S_DONE", 5: "SOFTMAX", 6: "PV_DONE",
          7: "B_ISSUED", 8: "B_S_DONE", 9: "B_SOFTMAX", 10: "B_PV_DONE", 11: "B_STORED",
-         12: "B_END", 13: "B_TILE", 14: "B_READY", 20: "P_KV", 21: "P_Q", 30: "DONE"}
+         12: "B_END", 13: "B_TILE", 14: "B_READY", 15: "O_SUM", 16: "O_SMEM", 17: "O_FENCED",
+         18: "O_ISSUED", 20: "P_KV", 21: "P_Q", 30: "DONE"}
 
 
 def read(path):

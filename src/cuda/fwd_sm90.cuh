@@ -647,6 +647,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             lt[hr] = quad_sum(ll[hr]);
             inv[hr] = lt[hr] > 0.f ? 1.f / lt[hr] : 0.f;
         }
+        tr(TR_O_SUM);
         /* row g + 8 hr of O in 16 bits: n8 tile j, columns 2 t4, 2 t4 + 1 */
         auto pack_o = [&](uint32_t (&v)[NO], int hr) {
 #pragma unroll
@@ -683,6 +684,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 }
                 store_lse(hr);
             }
+            tr(TR_O_ISSUED);
             return;
         }
         uint32_t v[2][NO];
@@ -708,7 +710,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 stmatrix_x4(row_at + (jp / 4) * Q_PANEL + ((((2 * jp) % 8) ^ hi ^ (r % 8)) << 4),
                             v[0][2 * jp], v[1][2 * jp], v[0][2 * jp + 1], v[1][2 * jp + 1]);
         }
+        tr(TR_O_SMEM);
         fence_async_smem();
+        tr(TR_O_FENCED);
         if (O_ROWS == 64) { /* one copy of the warpgroup's 64 rows */
             asm volatile("bar.sync %0, 128;\n" ::"r"(3 + c) : "memory");
             if (wtid == 0) {
@@ -727,6 +731,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 bulk_commit();
             }
         }
+        tr(TR_O_ISSUED);
         pending = q_empty;
         store_lse(0); /* after the copy is issued: the fence before it need not order these */
         store_lse(1);

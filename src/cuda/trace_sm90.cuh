@@ -34,6 +34,10 @@ enum TraceTag {
     TR_B_END,         /* boundary: P packed, the next loop may start */
     TR_B_TILE,        /* boundary: the next tile's parameters are worked out (tile_of) */
     TR_B_READY,       /* boundary: the waits for the next tile's first K (and the last V) over */
+    TR_O_SUM,         /* O store: the rows' sums reduced */
+    TR_O_SMEM,        /* O store: O in shared memory (stmatrix) */
+    TR_O_FENCED,      /* O store: the proxy fence passed */
+    TR_O_ISSUED,      /* O store: the copy issued (by the threads: O and LSE written) */
     TR_P_KV = 20,     /* producer: the slot came free, K/V issued (value: ring position) */
     TR_P_Q,           /* producer: a Q buffer came free, Q issued */
     TR_DONE = 30      /* the role is out of tiles */
