@@ -96,10 +96,10 @@ static void lse_optional_and_repeatable(void **state) {
  * give -inf scores. Every level runs it: the FMA kernels must hold it too.
  * O is judged at the data's scale: V * 2^e scales O by 2^e (exactly, but for what falls
  * subnormal at e = -120), so the outputs are multiplied back by 2^-e (exact) before the
- * comparison. The rule's slack has a floor of
- * u_P * 1 for unit-normal data (testkit/tk_case.c); taken on the raw outputs it was 2^120
- * times too loose at e = -120 and too tight at e = +120 (a seed whose unscaled twin passes
- * failed there: kernel max 1.155e-6 x 2^120 against plain 4.68e-7 x 2^120, ref max 0.83).
+ * comparison. The rule's slack has a floor of u_P * 1 for unit-normal data (testkit/tk_case.c);
+ * taken on the raw outputs it was 2^120 times too loose at e = -120 and too tight at e = +120
+ * (a seed whose unscaled twin passes failed there: kernel max 1.155e-6 x 2^120 against plain
+ * 4.68e-7 x 2^120, ref max 0.83).
  */
 static void f32_scaled_inputs(void **state) {
     (void)state;
