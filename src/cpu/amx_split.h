@@ -63,15 +63,15 @@ FA_TM_INLINE __m512i split_pair(__m512 a, __m512 b) {
                                    _mm512_castps_si512(b));
 }
 
-/* fp32 row src[0..d) -> three bf16 rows dst + k * pstride (k = hi, mid, lo), zero from d to
-   dp (the padding feeds the products: keep it 0). */
+/* fp32 row src[0..d) times mul (a power of two: exact) -> three bf16 rows dst + k * pstride
+   (k = hi, mid, lo), zero from d to dp (the padding feeds the products: keep it 0). */
 FA_TM_INLINE void split_row(uint16_t *restrict dst, size_t pstride, const float *restrict src,
-                            int d, int dp) {
+                            int d, int dp, float mul) {
     for (int x = 0; x < dp; x += 16) {
         const int n = d - x;
         const __mmask16 m = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n > 0 ? n : 0)) - 1);
         __m512 h, md, lo;
-        split3(_mm512_maskz_loadu_ps(m, src + x), &h, &md, &lo);
+        split3(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, src + x), _mm512_set1_ps(mul)), &h, &md, &lo);
         _mm256_storeu_si256((__m256i *)(dst + x), split_bf16(h));
         _mm256_storeu_si256((__m256i *)(dst + pstride + x), split_bf16(md));
         _mm256_storeu_si256((__m256i *)(dst + 2 * pstride + x), split_bf16(lo));
@@ -79,14 +79,19 @@ FA_TM_INLINE void split_row(uint16_t *restrict dst, size_t pstride, const float 
 }
 
 /* A row of an operand as the products read it, parts pstride elements apart: bf16 (parts 1)
-   copied, fp32 (parts 3) split; zeros for a padding row, past the sequence (row NULL). */
-FA_TM_INLINE void put_row(uint16_t *dst, size_t pstride, const void *row, int parts, int d, int dp) {
+   copied, fp32 (parts 3) times mul (a power of two; 1 but for the fp32 forward's V) and split;
+   zeros for a padding row, past the sequence (row NULL). */
+FA_TM_INLINE void put_row_mul(uint16_t *dst, size_t pstride, const void *row, int parts, int d,
+                              int dp, float mul) {
     if (!row)
         for (int k = 0; k < parts; k++) memset(dst + k * pstride, 0, (size_t)dp * 2);
     else if (parts == 1)
         copy_row(dst, row, d, dp);
     else
-        split_row(dst, pstride, (const float *)row, d, dp);
+        split_row(dst, pstride, (const float *)row, d, dp, mul);
+}
+FA_TM_INLINE void put_row(uint16_t *dst, size_t pstride, const void *row, int parts, int d, int dp) {
+    put_row_mul(dst, pstride, row, parts, d, dp, 1.0f);
 }
 
 /* Values e0 (row 2r) and e1 (row 2r + 1) of 16 columns (P or dS) -> row r of their VNNI
@@ -170,16 +175,18 @@ FA_TM_INLINE void split_step(const char *a, size_t apart, size_t a1, size_t as, 
 }
 
 /*
- * The split kernels run with MXCSR's flush-to-zero and denormals-are-zero bits set (and the
- * caller's MXCSR restored after): exponentials of masked (-inf) and far-below-max scores
- * underflow, and each such vector took a microcode assist (the causal forward spent 11-15% of
- * its time there: bench/NOTES.md). What they flush is below 2^-126 and so already lost to the
- * split's parts (AMX reads subnormal bf16 as zero); P below 2^-126 next to a row max near 1 is
- * far below the rule's absolute error.
+ * The split kernels run with MXCSR's flush-to-zero bit set (and the caller's MXCSR restored
+ * after): exponentials of masked (-inf) and far-below-max scores underflow, and each such
+ * vector took a microcode assist (the causal forward spent 11-15% of its time there:
+ * bench/NOTES.md). What it flushes is below 2^-126 and so already lost to the split's parts
+ * (AMX reads subnormal bf16 as zero); P below 2^-126 next to a row max near 1 is far below the
+ * rule's absolute error. Not denormals-are-zero: with FTZ no result is subnormal, so only the
+ * caller's inputs can be, and the forward scales V up before splitting it (fwd_amx_f32.c's
+ * v_scale), which DAZ would turn into zeros (V * 2^-120 has ~1% of its values subnormal).
  */
 FA_TM_INLINE unsigned split_mxcsr_enter(void) {
     const unsigned old = _mm_getcsr();
-    _mm_setcsr(old | 0x8040u); /* FTZ (bit 15) | DAZ (bit 6) */
+    _mm_setcsr(old | 0x8000u); /* FTZ (bit 15) */
     return old;
 }
 

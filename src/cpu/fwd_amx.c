@@ -40,7 +40,7 @@ static size_t pack_bytes(const fa_problem *p) {
 static void pack_block(const fa_problem *p, const amx_pack *pk, uint16_t *stg, int64_t b,
                        int64_t hk, int64_t j) {
     const size_t off = (size_t)(hk * pk->rows + pack_row0(p, b) + j) * (size_t)pk->dp;
-    pack_block_to(p, stg, b, hk, j, pk->k + off, pk->vt + off, pk->dp, 1);
+    pack_block_to(p, stg, b, hk, j, pk->k + off, pk->vt + off, pk->dp, 1, 1.0f);
 }
 
 /* ---- one work item ---- */
@@ -96,7 +96,7 @@ static void amx_item(const fa_problem *p, const amx_pack *pk, int64_t b, int64_t
         key_tile(p, &q, &B, &t, slope, nq, nq32, dp, parts, NULL);
     AMX_FENCE();
 
-    store_out(p, &B, rows, bq, q0 + i0, h, nq);
+    store_out(p, &B, rows, bq, q0 + i0, h, nq, 1.0f);
     float *lse = (float *)p->lse;
     if (lse)
         for (int i = 0; i < nq; i++)

@@ -38,10 +38,42 @@ static size_t split_layout(int dp, float *base, split_ws *w) {
     return off;
 }
 
-/* Query tiles t0 .. t0 + GQ - 1 of head h of sequence b. */
+/*
+ * The power of two V is multiplied by before it is split (O is divided by it as it is stored):
+ * 1 where max |V| >= 1, else what brings that max into [1, 2) (at most 2^126). A part below
+ * 2^-126 is subnormal in bf16 and AMX reads it as zero, so V under ~2^-110 would lose its lo
+ * part, and under 2^-118 its mid part too: V * 2^-120 erred 0.023 (at O's scale) against plain
+ * fp32's 4.8e-7 (tests/test_fwd.c f32_scaled_inputs). Scaling by a power of two is exact, so
+ * V of ordinary size gets the same bits, and subnormal V is scaled exactly too (the split
+ * runs without DAZ: amx_split.h). One pass over V (NaN skipped; an inf max leaves 1).
+ */
+static float v_scale(const fa_problem *p, int threads) {
+    const int64_t nb = p->cu_k ? 1 : p->batch, nt = p->cu_k ? p->total_k : p->seqlen_k;
+    const int64_t rows = nb * nt * p->heads_kv;
+    const int d = (int)p->d;
+    float mx = 0.0f;
+#pragma omp parallel for num_threads(threads) reduction(max : mx) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t hk = r % p->heads_kv, t = r / p->heads_kv % nt, b = r / p->heads_kv / nt;
+        const float *v = (const float *)fa_tm_row(&p->v, 4, b, t, hk);
+        __m512 m = _mm512_setzero_ps();
+        for (int x = 0; x < d; x += 16) {
+            const __mmask16 k = d - x >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (d - x)) - 1);
+            m = _mm512_max_ps(_mm512_abs_ps(_mm512_maskz_loadu_ps(k, v + x)), m); /* NaN: m */
+        }
+        const float rm = _mm512_reduce_max_ps(m);
+        if (rm > mx) mx = rm;
+    }
+    if (!(mx > 0.0f) || mx >= 1.0f) return 1.0f; /* also inf */
+    int e;
+    frexpf(mx, &e); /* mx = f 2^e, f in [0.5, 1) */
+    return ldexpf(1.0f, 1 - e > 126 ? 126 : 1 - e);
+}
+
+/* Query tiles t0 .. t0 + GQ - 1 of head h of sequence b; V is split times vmul (v_scale). */
 FA_TM_HOT
 static void split_item(const fa_problem *p, int64_t b, int64_t h, int64_t t0, const split_ws *w,
-                       int dp) {
+                       int dp, float vmul) {
     int64_t q0, sq, k0, sk;
     fa_seq_bounds(p, b, &q0, &sq, &k0, &sk);
     const int parts = SPLIT_PARTS;
@@ -88,7 +120,7 @@ static void split_item(const fa_problem *p, int64_t b, int64_t h, int64_t t0, co
         AMX_FENCE();
         for (int j = 0; j < nk; j += KS) {
             const size_t off = (size_t)j * dp * parts;
-            pack_block_to(p, w->b[0].stg, b, hk, j0 + j, w->k + off, w->vt + off, dp, parts);
+            pack_block_to(p, w->b[0].stg, b, hk, j0 + j, w->k + off, w->vt + off, dp, parts, vmul);
         }
         /* the next tile's rows, a share per query tile that runs */
         int runs = 0;
@@ -104,10 +136,14 @@ static void split_item(const fa_problem *p, int64_t b, int64_t h, int64_t t0, co
     }
     AMX_FENCE();
     float *lse = (float *)p->lse;
+    /* the stores without FTZ: O / vmul is subnormal where O is, and rounds there as plain
+       fp32 does instead of flushing (V * 2^-120: 2^-6 errors at O's scale with FTZ) */
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr & ~0x8000u);
     for (int g = 0; g < n; g++) {
         const int64_t i0 = (t0 + g) * BQ;
         const fa_tm_qrows *rows = &q[g];
-        store_out(p, &w->b[g], rows, bq, q0 + i0, h, nq[g]);
+        store_out(p, &w->b[g], rows, bq, q0 + i0, h, nq[g], 1.0f / vmul);
         /* m + log(l) in double: under the lazy max (fwd_amx_tile.h) m can lie up to LAZY below
            the row's max, and logf(l) of such an l (up to e^8 n) would err by half an ulp of
            a number near 8, twice what LSE itself needs, which the backward's P = exp(s - LSE)
@@ -119,6 +155,7 @@ static void split_item(const fa_problem *p, int64_t b, int64_t h, int64_t t0, co
                         ? -INFINITY
                         : (float)((double)w->b[g].m[i] + log((double)w->b[g].l[i]));
     }
+    _mm_setcsr(csr);
 }
 
 size_t fa_cpu_amx_f32_fwd_ws(const fa_problem *p, int threads) {
@@ -137,6 +174,7 @@ void fa_cpu_amx_f32_fwd(const fa_problem *p, void *ws, int threads) {
     const int64_t ntq = (p->seqlen_q + BQ - 1) / BQ; /* varlen: the longest sequence */
     const int64_t ng = (ntq + GQ - 1) / GQ;
     const int64_t items = p->batch * p->heads_q * ng;
+    const float vmul = v_scale(p, threads);
 #pragma omp parallel num_threads(threads)
     {
         split_ws w;
@@ -148,7 +186,7 @@ void fa_cpu_amx_f32_fwd(const fa_problem *p, void *ws, int threads) {
         for (int64_t it = 0; it < items; it++) {
             /* last tiles first: under a causal mask they are the longest */
             const int64_t g = ng - 1 - it % ng, bh = it / ng;
-            split_item(p, bh / p->heads_q, bh % p->heads_q, g * GQ, &w, dp);
+            split_item(p, bh / p->heads_q, bh % p->heads_q, g * GQ, &w, dp, vmul);
         }
         split_mxcsr_leave(csr);
         _tile_release();

@@ -95,9 +95,10 @@ AMX_FN void transpose_v(uint16_t *restrict dst, const uint16_t *restrict stg, in
 
 
 /* Keys [j, j + 32) of kv head hk of sequence b (rows past its end zero) -> kd: per part, 32
-   rows of dp; vtd: per part, V^T (dp rows of 32 keys). Parts are 32 * dp elements apart. */
+   rows of dp; vtd: per part, V^T (dp rows of 32 keys), V times vmul (fp32: see
+   fwd_amx_f32.c's v_scale). Parts are 32 * dp elements apart. */
 AMX_FN void pack_block_to(const fa_problem *p, uint16_t *stg, int64_t b, int64_t hk, int64_t j,
-                          uint16_t *kd, uint16_t *vtd, int dp, int parts) {
+                          uint16_t *kd, uint16_t *vtd, int dp, int parts, float vmul) {
     int64_t q0, sq, k0, sk;
     fa_seq_bounds(p, b, &q0, &sq, &k0, &sk);
     const int64_t bk = p->cu_k ? 0 : b;
@@ -116,8 +117,8 @@ AMX_FN void pack_block_to(const fa_problem *p, uint16_t *stg, int64_t b, int64_t
             }
         put_row(kd + (size_t)r * dp, pstride, in ? fa_tm_row(&p->k, es, bk, k0 + j + r, hk) : NULL,
                 parts, d, dp);
-        put_row(stg + (size_t)r * dp, pstride, in ? fa_tm_row(&p->v, es, bk, k0 + j + r, hk) : NULL,
-                parts, d, dp);
+        put_row_mul(stg + (size_t)r * dp, pstride,
+                    in ? fa_tm_row(&p->v, es, bk, k0 + j + r, hk) : NULL, parts, d, dp, vmul);
     }
     for (int k = 0; k < parts; k++) transpose_v(vtd + k * pstride, stg + k * pstride, dp);
 }
@@ -407,10 +408,11 @@ AMX_FN void strip_exp_split(const amx_bufs *B, uint32_t *pt, int ns, int nq32, f
     }
 }
 
-/* O rows of the tile: the accumulator transposed back 16 x 16 at a time, divided by l, stored
-   as fp32 or rounded to bf16 (vcvtneps2bf16: to nearest even). Rows that see no key get 0. */
+/* O rows of the tile: the accumulator transposed back 16 x 16 at a time, divided by l, times
+   omul (a power of two undoing the fp32 forward's scaling of V; else 1), stored as fp32 or
+   rounded to bf16 (vcvtneps2bf16: to nearest even). Rows that see no key get 0. */
 AMX_FN void store_out(const fa_problem *p, const amx_bufs *B, const fa_tm_qrows *rows,
-                      int64_t bq, int64_t t0, int64_t h, int nq) {
+                      int64_t bq, int64_t t0, int64_t h, int nq, float omul) {
     const int d = (int)p->d, f32 = p->dtype == FA_DTYPE_F32;
     const size_t es = f32 ? 4 : 2;
     for (int i0 = 0; i0 < nq; i0 += 16)
@@ -421,7 +423,8 @@ AMX_FN void store_out(const fa_problem *p, const amx_bufs *B, const fa_tm_qrows 
             fa_transpose16(r);
             for (int i = 0; i < 16 && i0 + i < nq; i++) {
                 if (rows->lo[i0 + i] >= rows->hi[i0 + i]) continue;
-                const __m512 o = _mm512_div_ps((__m512)r[i], _mm512_set1_ps(B->l[i0 + i]));
+                const __m512 o = _mm512_mul_ps(
+                    _mm512_div_ps((__m512)r[i], _mm512_set1_ps(B->l[i0 + i])), _mm512_set1_ps(omul));
                 if (f32) {
                     float *dst = (float *)fa_tm_row(&p->o, 4, bq, t0 + i0 + i, h) + x0;
                     const int n = d - x0 < 16 ? d - x0 : 16;
