@@ -336,12 +336,17 @@ FA_TM_INLINE void fa_tm_mk(int mr, int nv, int add, int kdim, const float *restr
         for (int v = 0; v < nv; v++)
             for (int e = 0; e < FA_VW; e++) acc[r][v][e] = (float)accd[r][v][e / 2][e % 2];
 #else
+    /* The sum over k starts from 0 and C is added once at the end: a running accumulator
+       (the forward's O over the key tiles, up to l |V| in size) then takes one rounding at
+       its own size per call instead of one per k step. test_fwd's f32_scaled_inputs shape
+       (150 keys, d 64), 2000 seeds: worst O error 2.41x plain fp32's before, 2.04x after;
+       1000 keys, 200 seeds: 1.91x before, 1.32x after (bench/NOTES.md). Same instructions,
+       C's loads later; the forward's speed level. */
     fa_vf acc[FA_MR_MAX][FA_NV];
 #pragma GCC unroll 8
     for (int r = 0; r < mr; r++)
 #pragma GCC unroll 4
-        for (int v = 0; v < nv; v++)
-            acc[r][v] = add ? fa_vload(c + r * ldc + v * FA_VW) : (fa_vf){0};
+        for (int v = 0; v < nv; v++) acc[r][v] = (fa_vf){0};
     /* two k steps per loop trip: +3% on the d128 forward (the loop's own add/cmp/branch and
        the pointer updates were a few percent of a step's 34 instructions) */
 #pragma GCC unroll 2
@@ -358,6 +363,11 @@ FA_TM_INLINE void fa_tm_mk(int mr, int nv, int add, int kdim, const float *restr
             for (int v = 0; v < nv; v++) acc[r][v] += x * bv[v];
         }
     }
+    if (add)
+#pragma GCC unroll 8
+        for (int r = 0; r < mr; r++)
+#pragma GCC unroll 4
+            for (int v = 0; v < nv; v++) acc[r][v] += fa_vload(c + r * ldc + v * FA_VW);
 #endif
 #pragma GCC unroll 8
     for (int r = 0; r < mr; r++)
