@@ -12,8 +12,9 @@
 # Environment: OP (fwd or bwd), VARIANTS, space-separated NAME=VAR=VALUE[,VAR=VALUE...] (the
 # bring-up switches of fwd_sm90.cu, FLASHATTN_CUDA_SM90_BWD=0 for the sm80 backward; default
 # "default=FLASHATTN_SM90_SCHEDULE=overlap"), SWEEP_ARGS (both
-# sides, default the whole forward sweep), TEST=0 skips the tests, PEERS=0 the peers, EXTRA (a
-# command run last, output in extra.log).
+# sides, default the whole forward sweep), ROUNDS (default 1: rounds of the variants' benches,
+# in turn, so that the clock's drift falls on all alike; round r > 1 of NAME is column NAME.r),
+# TEST=0 skips the tests, PEERS=0 the peers, EXTRA (a command run last, output in extra.log).
 # Files back: summary.txt variants.md tests.log bench.log peers.json ours.json extra.log.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -54,14 +55,17 @@ if [ "${TEST:-1}" = 1 ]; then
   done
 fi
 variants=()
-for v in $VARIANTS; do
-  n=${v%%=*}
-  echo "=== bench $v" >>"$OUT/bench.log"
-  # shellcheck disable=SC2086
-  run_variant "$v" timeout -k 5 200 "$BUILD/tools/flashattn" bench --backend cuda --sweep --op "$OP" \
-    $SWEEP_ARGS --json "/tmp/ours_$n.json" >>"$OUT/bench.log" 2>&1
-  echo "bench $n: exit $?" | tee -a "$S"
-  variants+=("$n=/tmp/ours_$n.json")
+for r in $(seq 1 "${ROUNDS:-1}"); do
+  for v in $VARIANTS; do
+    n=${v%%=*}
+    [ "$r" -gt 1 ] && n="$n.$r"
+    echo "=== bench $v (round $r)" >>"$OUT/bench.log"
+    # shellcheck disable=SC2086
+    run_variant "$v" timeout -k 5 200 "$BUILD/tools/flashattn" bench --backend cuda --sweep --op "$OP" \
+      $SWEEP_ARGS --json "/tmp/ours_$n.json" >>"$OUT/bench.log" 2>&1
+    echo "bench $n: exit $?" | tee -a "$S"
+    variants+=("$n=/tmp/ours_$n.json")
+  done
 done
 if [ "${PEERS:-1}" = 1 ]; then
   # shellcheck disable=SC2086
