@@ -9,7 +9,9 @@ the traced blocks' consumers):
     second one (two products' worth of work if nothing else happened), split at its events;
   - the per-tile overhead: the boundary minus two steady iterations, and what it costs against
     the whole run (the block's cycles between its first and last events);
-  - the producer: how long its slot waits hold it.
+  - the producer: how long its slot waits hold it;
+  - how much of a consumer's key-loop softmax runs while another consumer of its block is in
+    its own (consumers in step: near 100%; taking turns around the products: near 0).
 
 Plain Python (no numpy): usage  trace_sm90.py FILE
 """
@@ -52,6 +54,40 @@ def read(path):
 
 def med(xs):
     return statistics.median(xs) if xs else float("nan")
+
+
+def softmax_windows(evs):
+    """The key loop's softmax of each iteration as (start, end): from the wait it follows
+    (P V done where the softmax runs at the running max, S done where it runs under P V) to
+    TR_SOFTMAX."""
+    return [(x[2], y[2]) for x, y in zip(evs, evs[1:]) if y[0] == 5 and x[0] in (4, 6)]
+
+
+def print_softmax_overlap(runs):
+    inside = total = 0
+    for (b, r), (evs, _) in runs.items():
+        if r == 0:
+            continue
+        mine = softmax_windows(evs)
+        others = []  # the union of the block's other consumers' windows, sorted
+        for w in sorted(w for (b2, r2), (e2, _) in runs.items() if b2 == b and r2 not in (0, r)
+                        for w in softmax_windows(e2)):
+            if others and w[0] <= others[-1][1]:
+                others[-1] = (others[-1][0], max(others[-1][1], w[1]))
+            else:
+                others.append(w)
+        j = 0
+        for a, z in mine:
+            total += z - a
+            while j < len(others) and others[j][1] <= a:
+                j += 1
+            k = j
+            while k < len(others) and others[k][0] < z:
+                inside += max(0, min(z, others[k][1]) - max(a, others[k][0]))
+                k += 1
+    if total:
+        print(f"softmax overlap: {100 * inside / total:.0f}% of the consumers' key-loop softmax "
+              f"time runs while another consumer of the block is in its own")
 
 
 def main():
@@ -136,6 +172,7 @@ def main():
             if waits_late:
                 print(f"   ITER->READY with data missing: median {med(waits_late):.0f} (n {len(waits_late)}), "
                       f"with both there: {med(waits_ok):.0f} (n {len(waits_ok)})")
+    print_softmax_overlap(runs)
     for (b, r), (evs, _) in sorted(runs.items()):
         if r != 0:
             continue
