@@ -20,10 +20,10 @@
  *     products hold the tensor cores. K is released after S, V after P V.
  *     Schedule PINGPONG adds turns between the consumers (fwd_sm90.cu's schedule_of picks
  *     it for unmasked rows of up to 1024 keys); STRICT passes each turn only once the
- *     products have completed (a bring-up switch, FLASHATTN_SM90_SCHEDULE=strict). O leaves through the finished tile's Q
- *     buffer and the copy engine where there are two Q buffers or more, else from the threads
- *     (`store`); with one Q buffer the last P V of a tile goes first and the next tile's Q is
- *     awaited under it (at d 256 while O is stored).
+ *     products have completed (a bring-up switch, FLASHATTN_SM90_SCHEDULE=strict).
+ *     O leaves through the finished tile's Q buffer and the copy engine where there are two
+ *     Q buffers or more, else from the threads (`store`); with one Q buffer the last P V of a
+ *     tile goes first and the next tile's Q is awaited under it (at d 256 while O is stored).
  *
  * It serves head dims 64, 128 and 256, fp16/bf16, BSHD and varlen, every mask (causal
  * bottom-right, windows), softcap, ALiBi, GQA; fa_sm90_fwd refuses everything else (other
@@ -539,7 +539,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
        (the copy engine zero-fills only past the whole tensor). Their probabilities are 0, but
        0 x inf is NaN: the V rows are zeroed here (whole 128-byte rows, so the swizzle does not
        matter; both consumers write the same zeros), made visible to the tensor cores, and the
-       warpgroup synchronises on its named barrier (1 + NC + c: the turns take 1 .. NC) before its products read them. */
+       warpgroup synchronises on its named barrier (1 + NC + c: the turns take 1 .. NC)
+       before its products read them. */
     auto clear_tail = [&](int pos, int kcol0) {
         const int valid = w.sk - kcol0;
         if (!a.cu_q || valid >= BN) return;
@@ -603,7 +604,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     auto turn_done = [&]() { /* after they have completed */
         if (SCHED == STRICT) asm volatile("bar.arrive %0, 256;\n" ::"r"(other_bar) : "memory");
     };
-    if (SCHED != OVERLAP && c == NC - 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory"); /* 0 first */
+    if (SCHED != OVERLAP && c == NC - 1) /* consumer 0 first */
+        asm volatile("bar.arrive 1, 256;\n" ::: "memory");
 
     /* The next tile from the producer (-1: none left), its Q and Q-empty barrier, and whether
        it sees any key. */
@@ -803,7 +805,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             if (EXPT != 5) issue_pv(pa, v_smem(pos - 1));
             your_turn();
             release(); /* the previous tile's O copy: long done reading by now */
-            if (SCHED == STRICT) { /* both done: the next consumer's products run under the softmax */
+            if (SCHED == STRICT) { /* both done: the next consumer's run under the softmax */
                 wg_wait<0>();
                 turn_done();
             } else if (EXPT == 5) {
