@@ -67,9 +67,8 @@ const char *refusal(const fa_problem *p, const fa_cuda_launch *l) {
 
 template <typename T, typename C>
 cudaError_t launch(const Args &a, int sched, int grid, cudaStream_t st) {
-    auto kern = sched == PINGPONG ? fwd_sm90_kernel<T, C, PINGPONG>
-                : sched == STRICT ? fwd_sm90_kernel<T, C, STRICT>
-                                  : fwd_sm90_kernel<T, C, OVERLAP>;
+    auto kern = sched == PINGPONG && C::NC == 2 ? fwd_sm90_kernel<T, C, PINGPONG>
+                                                : fwd_sm90_kernel<T, C, OVERLAP>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)C::SMEM);
     if (e != cudaSuccess) return e;
@@ -88,8 +87,7 @@ int env_choice(const char *name, const char *const *vals, int n) {
 
 /*
  * Bring-up switches (the GPU runs chose the defaults; bench/NOTES.md has each A/B):
- *   FLASHATTN_SM90_SCHEDULE=auto|overlap|pingpong|strict   consumer schedule (auto:
- *       schedule_of; strict: a consumer passes the turn once its products have completed)
+ *   FLASHATTN_SM90_SCHEDULE=auto|overlap|pingpong   consumer schedule (auto: schedule_of)
  *   FLASHATTN_SM90_CROSS=1|0|joint   the pipeline runs on across work tiles (joint: with one
  *       Q buffer too, the next tile's first S issued with this tile's last P V)
  *   FLASHATTN_SM90_OSTORE=tma|direct   O by the copy engine through the Q buffer, or by threads
@@ -114,13 +112,13 @@ struct Switches {
     double l2mb;
 };
 Switches switches() {
-    static const char *const sched_vals[] = {"auto", "overlap", "pingpong", "strict"};
+    static const char *const sched_vals[] = {"auto", "overlap", "pingpong"};
     static const char *const on_off[] = {"1", "0"};
     static const char *const cross_vals[] = {"1", "0", "joint"};
     static const char *const ostore_vals[] = {"tma", "direct"};
     static const char *const grid_vals[] = {"persistent", "tiles", "static", "dynamic"};
     Switches w;
-    w.sched = env_choice("FLASHATTN_SM90_SCHEDULE", sched_vals, 4) - 1; /* -1: auto */
+    w.sched = env_choice("FLASHATTN_SM90_SCHEDULE", sched_vals, 3) - 1; /* -1: auto */
     static const int cross_of[] = {1, 0, 2};
     w.cross = cross_of[env_choice("FLASHATTN_SM90_CROSS", cross_vals, 3)];
     w.o_tma = env_choice("FLASHATTN_SM90_OSTORE", ostore_vals, 2) == 0;
@@ -240,9 +238,9 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.kv_first = sw.kv_first;
     a.align_end = sw.align_end;
     a.lazy = sw.lazy;
-    /* auto takes the turns with two consumers only (where the GPU runs chose them) */
+    /* the ping-pong turns are written for two consumers */
     const bool uneven = a.m.win_left >= 0 || a.m.win_right >= 0 || p->cu_q;
-    const int sched = sw.sched >= 0 ? sw.sched : BM != 128 ? (int)OVERLAP : schedule_of(p, uneven);
+    const int sched = BM != 128 ? (int)OVERLAP : sw.sched >= 0 ? sw.sched : schedule_of(p, uneven);
     const int gmode = sw.gmode;
     /* the dynamic order where tiles differ in length, where they are short, and in the
        tilings with two Q buffers or more (both at d 64, d 128's short): equal tiles in the
@@ -256,7 +254,7 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
                          (gmode == 3 || (gmode == 0 && (uneven || p->seqlen_k <= 512 || nq >= 2)));
     const int blocks = sw.blocks > 0 ? sw.blocks : l->num_sms > 0 ? l->num_sms : 1;
     const int grid = gmode != 1 && a.tiles > blocks ? blocks : a.tiles;
-    static const char *const sched_name[] = {"", "_pingpong", "_strict"};
+    static const char *const sched_name[] = {"", "_pingpong"};
     const cudaStream_t st = (cudaStream_t)l->stream;
     cudaError_t e = cudaSuccess;
     if (dynamic && grid < a.tiles) {

@@ -18,12 +18,11 @@
  *     softmax of j + 1 runs while the latter finishes (FENCED); at d 64/128 it runs after it,
  *     against the running max straight into P (exp_at_max), while the other consumers'
  *     products hold the tensor cores. K is released after S, V after P V.
- *     Schedule PINGPONG adds turns between the consumers (fwd_sm90.cu's schedule_of picks
- *     it for unmasked rows of up to 1024 keys); STRICT passes each turn only once the
- *     products have completed (a bring-up switch, FLASHATTN_SM90_SCHEDULE=strict).
- *     O leaves through the finished tile's Q buffer and the copy engine where there are two
- *     Q buffers or more, else from the threads (`store`); with one Q buffer the last P V of a
- *     tile goes first and the next tile's Q is awaited under it (at d 256 while O is stored).
+ *     Schedule PINGPONG adds turns between the two consumers (fwd_sm90.cu's schedule_of
+ *     picks it for unmasked rows of up to 1024 keys). O leaves through the finished tile's Q
+ *     buffer and the copy engine where there are two Q buffers or more, else from the threads
+ *     (`store`); with one Q buffer the last P V of a tile goes first and the next tile's Q is
+ *     awaited under it (at d 256 while O is stored).
  *
  * It serves head dims 64, 128 and 256, fp16/bf16, BSHD and varlen, every mask (causal
  * bottom-right, windows), softcap, ALiBi, GQA; fa_sm90_fwd refuses everything else (other
@@ -158,7 +157,7 @@ struct Args {
 };
 
 /* consumer schedules (schedule_of in fwd_sm90.cu; FLASHATTN_SM90_SCHEDULE overrides) */
-enum Schedule { OVERLAP = 0, PINGPONG = 1, STRICT = 2 };
+enum Schedule { OVERLAP = 0, PINGPONG = 1 };
 
 /* One work tile: query block m of head h in sequence b, and the key tiles it visits. */
 struct Tile {
@@ -539,8 +538,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
        (the copy engine zero-fills only past the whole tensor). Their probabilities are 0, but
        0 x inf is NaN: the V rows are zeroed here (whole 128-byte rows, so the swizzle does not
        matter; both consumers write the same zeros), made visible to the tensor cores, and the
-       warpgroup synchronises on its named barrier (1 + NC + c: the turns take 1 .. NC)
-       before its products read them. */
+       warpgroup synchronises on its named barrier (3 + c) before its products read them. */
     auto clear_tail = [&](int pos, int kcol0) {
         const int valid = w.sk - kcol0;
         if (!a.cu_q || valid >= BN) return;
@@ -550,7 +548,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0u) : "memory");
         }
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + NC + c) : "memory");
+        asm volatile("bar.sync %0, 128;\n" ::"r"(3 + c) : "memory");
     };
     /* waits for the K (or V) at ring position pos and gives the slot back once this thread's
        products have read it; V waits also zero the varlen tail of the current tile's key
@@ -584,28 +582,17 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             wg_wait<0>();
     };
 
-    /* Turns (PINGPONG, STRICT): the consumers issue their products one after the other, in
-       the order 0, 1, .., NC - 1 (named barrier 1 + c is consumer c's: it syncs, the one
-       before it arrives; 256 threads), on across tiles. PINGPONG passes the turn once its
-       products are issued, so the next consumer may issue straight after: the timelines
-       found the consumers in step under it as under OVERLAP (a d 64 iteration of 2500
-       cycles, each softmax ~1000 where the exponential unit alone needs 512: both at once).
-       STRICT passes it once its products have completed (turn_done), so that the next
-       consumer's products run under this one's softmax and the two softmaxes fall apart
-       (a bring-up schedule, compiled only so far: bench/NOTES.md). other_bar, the next
-       consumer's barrier, keeps its two-consumer form so that those kernels stay as they were. */
-    const int my_bar = 1 + c, other_bar = NC == 2 ? 2 - c : 1 + (c + 1) % NC;
+    /* PINGPONG: the two consumers take turns issuing their products (named barriers 1 and 2,
+       256 threads: one consumer syncs, the other arrives), so one's softmax runs while the
+       other's products hold the tensor cores; the turns run on across tiles */
+    const int my_bar = 1 + c, other_bar = 2 - c;
     auto my_turn = [&]() {
-        if (SCHED != OVERLAP) asm volatile("bar.sync %0, 256;\n" ::"r"(my_bar) : "memory");
+        if (SCHED == PINGPONG) asm volatile("bar.sync %0, 256;\n" ::"r"(my_bar) : "memory");
     };
-    auto your_turn = [&]() { /* after the products are issued */
+    auto your_turn = [&]() {
         if (SCHED == PINGPONG) asm volatile("bar.arrive %0, 256;\n" ::"r"(other_bar) : "memory");
     };
-    auto turn_done = [&]() { /* after they have completed */
-        if (SCHED == STRICT) asm volatile("bar.arrive %0, 256;\n" ::"r"(other_bar) : "memory");
-    };
-    if (SCHED != OVERLAP && c == NC - 1) /* consumer 0 first */
-        asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+    if (SCHED == PINGPONG && c == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory"); /* 0 first */
 
     /* The next tile from the producer (-1: none left), its Q and Q-empty barrier, and whether
        it sees any key. */
@@ -727,7 +714,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         fence_async_smem();
         tr(TR_O_FENCED);
         if (O_ROWS == 64) { /* one copy of the warpgroup's 64 rows */
-            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + NC + c) : "memory");
+            asm volatile("bar.sync %0, 128;\n" ::"r"(3 + c) : "memory");
             if (wtid == 0) {
 #pragma unroll 1
                 for (int p = 0; p < PANELS; p++)
@@ -786,7 +773,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             issue_s(sc, k_smem(ring));
             your_turn();
             wg_wait<0>();
-            turn_done();
             wg_pin(sc);
             free_k(ring);
             softmax(sc, key0(0), alpha); /* O is 0: no rescale */
@@ -805,14 +791,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             if (EXPT != 5) issue_pv(pa, v_smem(pos - 1));
             your_turn();
             release(); /* the previous tile's O copy: long done reading by now */
-            if (SCHED == STRICT) { /* both done: the next consumer's run under the softmax */
+            if (EXPT == 5)
                 wg_wait<0>();
-                turn_done();
-            } else if (EXPT == 5) {
-                wg_wait<0>();
-            } else {
+            else
                 wg_wait<1>(); /* S(it) done; P V(it - 1) may still run, reading pa */
-            }
             wg_pin(sc);
             tr(TR_S_DONE, it);
             free_k(pos);
@@ -853,11 +835,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             my_turn();
             issue_pv(pa, v_smem(last));
             your_turn();
-            if (STORE_FIRST || SCHED == STRICT) { /* STRICT: the S below takes a turn of its own */
-                wg_wait<0>();
-                turn_done();
-            }
             if (STORE_FIRST) {
+                wg_wait<0>();
                 wg_pin(o);
                 wg_pin(pa);
                 tr(TR_B_PV_DONE);
@@ -892,7 +871,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 ring = last + 1;
                 start(w);
                 wg_wait<0>();
-                turn_done();
                 wg_pin(sc);
                 tr(TR_B_S_DONE);
                 free_k(ring);
@@ -938,12 +916,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             issue_pv(pa, v_smem(last));
             your_turn();
             tr(TR_B_ISSUED, 4 * (last + 1) + there);
-            if (SCHED == STRICT) {
-                wg_wait<0>();
-                turn_done();
-            } else {
-                wg_wait<1>();
-            }
+            wg_wait<1>();
             wg_pin(sc);
             tr(TR_B_S_DONE);
             free_k(last + 1);
@@ -972,7 +945,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             issue_pv(pa, v_smem(last));
             your_turn();
             wg_wait<0>();
-            turn_done();
             wg_pin(o);
             wg_pin(pa);
             free_v(last);
@@ -989,8 +961,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     tr(TR_DONE);
     tr.finish();
     if (lane == 0) bulk_wait(); /* the shared memory stays until the last copy is done */
-    /* consumer 0 takes the last consumer's last turn-passing, so no barrier is left half-arrived */
-    if (SCHED != OVERLAP && c == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    /* consumer 0 takes consumer 1's last turn-passing, so no barrier is left half-arrived */
+    if (SCHED == PINGPONG && c == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
 #endif
 }
 
