@@ -19,10 +19,12 @@ using namespace fa::sm90;
 using T = __nv_bfloat16;
 constexpr int REPS = 256;
 
-/* OTHER: 0 idle, 1 ss n128 x4, 2 rs n64 x8, 3 ss n64 x8, 4 rs n128 x8, 5 ss n256 x4;
-   SM: 0 the whole block, 1 exponentials only, 2 FMA-pipe part only */
+/* OTHER: 0 idle, 1 ss n128 x4, 2 rs n64 x8, 3 ss n64 x8, 4 rs n128 x8, 5 ss n256 x4,
+   6 rs n80 x8 (d 64's P V with 8-16 more columns, e.g. row sums from the tensor cores);
+   SM: 0 the whole block, 1 exponentials only, 2 FMA-pipe part only, 3 the block without its
+   row sums, 4 that with a packed 16-bit max over P instead (a bound for the lazy rule) */
 template <int N, bool RS> __device__ void products(uint32_t base, uint32_t *out, int groups) {
-    constexpr int KS = N == 64 || RS ? 8 : 4;
+    constexpr int KS = N <= 80 || RS ? 8 : 4;
     float d[N / 2];
     for (int i = 0; i < N / 2; i++) d[i] = 0.f;
     uint32_t a[8][4];
@@ -77,12 +79,20 @@ __global__ void __launch_bounds__(256) probe(uint32_t *out, long long *cycles, f
                     } else if (SM == 1) {
                         asm volatile("ex2.approx.ftz.f32 %0, %1;" : "=f"(p0) : "f"(sc[4 * j + 2 * hr]));
                         asm volatile("ex2.approx.ftz.f32 %0, %1;" : "=f"(p1) : "f"(sc[4 * j + 2 * hr + 1]));
+                    } else if (SM >= 3) { /* no row sum (3), or a packed 16-bit max instead (4) */
+                        asm volatile("ex2.approx.ftz.f32 %0, %1;" : "=f"(p0) : "f"(fmaf(sc[4 * j + 2 * hr], mul, -m_use)));
+                        asm volatile("ex2.approx.ftz.f32 %0, %1;" : "=f"(p1) : "f"(fmaf(sc[4 * j + 2 * hr + 1], mul, -m_use)));
                     } else {
                         p0 = fmaf(sc[4 * j + 2 * hr], mul, -m_use);
                         p1 = fmaf(sc[4 * j + 2 * hr + 1], mul, -m_use);
                         sum[hr] += p0 + p1;
                     }
                     asm volatile("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(pa[j / 2 * 4 + hr + 2 * (j % 2)]) : "f"(p1), "f"(p0));
+                    if (SM == 4) {
+                        uint32_t mx = __float_as_uint(sum[hr]);
+                        asm volatile("max.u16x2 %0, %0, %1;" : "+r"(mx) : "r"(pa[j / 2 * 4 + hr + 2 * (j % 2)]));
+                        sum[hr] = __uint_as_float(mx);
+                    }
                 }
 #pragma unroll
             for (int i = 0; i < 64; i++) sc[i] = __uint_as_float(__float_as_uint(sc[i]) ^ (pa[i / 2] & 1u));
@@ -102,6 +112,8 @@ __global__ void __launch_bounds__(256) probe(uint32_t *out, long long *cycles, f
         products<128, true>(base, out, groups);
     } else if (OTHER == 5) {
         products<256, false>(base, out, groups);
+    } else if (OTHER == 6) {
+        products<80, true>(base, out, groups);
     }
 #endif
 }
@@ -128,7 +140,8 @@ static void run(const char *name, int groups) {
     cudaEventElapsedTime(&ms, e0, e1);
     cudaMemcpy(h, cyc, sizeof(long long) * sms, cudaMemcpyDeviceToHost);
     for (int b = 0; b < sms; b++) mx = h[b] > mx ? h[b] : mx;
-    static const char *parts[] = {"whole block", "ex2 + pack", "FFMA/FADD + pack"};
+    static const char *parts[] = {"whole block", "ex2 + pack", "FFMA/FADD + pack", "no row sum",
+                                  "u16x2 max, no sum"};
     printf("%-16s beside %-10s %s: %.0f cycles a block of 64 scores (kernel %.3f ms)\n", parts[SM], name,
            cudaGetErrorString(e), (double)mx / REPS, ms);
     cudaFree(out);
@@ -145,6 +158,9 @@ int main() {
     run<3, SM>("ss n64 x8", 1200);                                                                 \
     run<4, SM>("rs n128 x8", 600);                                                                 \
     run<5, SM>("ss n256 x4", 600);
-    ROW(0) ROW(1) ROW(2)
+    ROW(0) ROW(1) ROW(2) ROW(3) ROW(4)
+    run<6, 0>("rs n80 x8", 1200);
+    run<6, 3>("rs n80 x8", 1200);
+    run<6, 4>("rs n80 x8", 1200);
     return 0;
 }
