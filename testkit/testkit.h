@@ -106,6 +106,13 @@ tk_err tk_compare(const fa_tensor *x, const fa_tensor *ref);
 int tk_rule(const tk_err *kernel, const tk_err *base, fa_dtype precision, double extra,
             double *slack);
 
+/* That extra for dQ (*dq) and dK (*dk), from the reference's dO, O (rows of d), Q and K, the
+   softmax scale and n_rows, the most query rows of one kv head (its group's heads included)
+   that a key sees: see grad_extra in tk_case.c. */
+void tk_grad_extra(const fa_tensor *dout, const fa_tensor *o, const fa_tensor *q,
+                   const fa_tensor *k, int d, double scale, int64_t n_rows, double *dq,
+                   double *dk);
+
 /* ---- cases --------------------------------------------------------------------------------- */
 
 #define TK_MAX_BATCH 8

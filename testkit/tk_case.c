@@ -69,6 +69,22 @@ static double max_abs(const fa_tensor *t) {
     return m;
 }
 
+void tk_grad_extra(const fa_tensor *dout, const fa_tensor *o, const fa_tensor *q,
+                   const fa_tensor *k, int d, double scale, int64_t n_rows, double *dq,
+                   double *dk) {
+    double dmag = 0;
+    int64_t rows = tk_numel(o) / d;
+    for (int64_t row = 0; row < rows; row++) {
+        double s = 0;
+        for (int x = 0; x < d; x++)
+            s += fabs(tk_get(dout, row * d + x) * tk_get(o, row * d + x));
+        if (s > dmag) dmag = s;
+    }
+    double base = 8.0 * tk_unit_roundoff(FA_DTYPE_F32) * dmag * scale;
+    *dq = base * max_abs(k);
+    *dk = base * max_abs(q) * sqrt((double)n_rows);
+}
+
 /* ---- ALiBi slopes ---- */
 
 float *tk_alibi_slopes(int kind, int64_t batch, int hq, tk_rng *r, size_t *len, int64_t *stride) {
@@ -322,21 +338,13 @@ static fa_status run_bwd(fa_context *ctx, const problem *pb, set *s, const devar
 /* See the comment above grad_extra. */
 static grad_extra grad_noise(const problem *pb, set *R) {
     const tk_case *c = pb->c;
-    double dmag = 0;
-    int64_t rows = tk_numel(&R->o.t) / c->d;
-    for (int64_t row = 0; row < rows; row++) {
-        double s = 0;
-        for (int x = 0; x < c->d; x++)
-            s += fabs(tk_get(&R->dout.t, row * c->d + x) * tk_get(&R->o.t, row * c->d + x));
-        if (s > dmag) dmag = s;
-    }
     int64_t n_rows = c->sq;
     for (int b = 0; c->varlen && b < c->batch; b++)
         if (c->lens_q[b] > n_rows) n_rows = c->lens_q[b];
     n_rows *= c->hq / c->hkv;
     double scale = c->scale > 0 ? c->scale : 1.0 / sqrt((double)c->d);
-    double base = 8.0 * tk_unit_roundoff(FA_DTYPE_F32) * dmag * scale;
-    grad_extra g = {base * max_abs(&R->k.t), base * max_abs(&R->q.t) * sqrt((double)n_rows)};
+    grad_extra g;
+    tk_grad_extra(&R->dout.t, &R->o.t, &R->q.t, &R->k.t, c->d, scale, n_rows, &g.dq, &g.dk);
     return g;
 }
 

@@ -2,6 +2,7 @@
  * test_bwd.c — the backward sweep (dQ, dK, dV under the rule, on CPU and, when present,
  * CUDA) plus repeatability: the CPU backend promises bit-identical gradients run to run.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,9 +49,107 @@ static void bwd_repeatable(void **state) {
     fa_context_destroy(ctx);
 }
 
+/*
+ * fp32 dO and V scaled by powers of two, under the 2x rule: the amx level splits each fp32
+ * operand into three bf16 parts (src/cpu/amx_split.h), whose parts under 2^-126 AMX reads as
+ * zero, so dO or V * 2^-120 would lose their lo and mid parts (the kernel scales both up before
+ * the split and the gradients back as it stores them: split_scale in amx_split.h; a kernel
+ * reading dO and V as the unscaled split does, emulated on the avx512 level, erred dQ 3.6e-3
+ * against plain's 6.7e-7 at dO * 2^-120). dO or V alone * 2^+-120 put the gradients near the
+ * ends of the fp32 range, both * 2^-60 make dP the product of two scaled operands; causal
+ * masks give -inf scores. Every level runs it: the FMA kernels must hold it too. Each run
+ * differentiates its own forward, as tk_run_case does.
+ * As test_fwd's f32_scaled_inputs judges O, the gradients are judged at the data's scale:
+ * dO * 2^a and V * 2^c scale dV by 2^a and dP, dS, dQ, dK by 2^(a + c) (exactly, but for what
+ * falls subnormal), so they are multiplied back by 2^-a and 2^-(a + c) (exact) first, and dQ
+ * and dK get the sweep's extra slack (tk_grad_extra) at that scale too.
+ */
+static void f32_scaled_grads(void **state) {
+    (void)state;
+    static const struct {
+        int g, v, causal;
+    } sc[] = {{-120, 0, 0}, {120, 0, 1}, {0, -120, 1}, {0, 120, 0}, {-60, -60, 1}};
+    tk_rng r;
+    tk_rng_init(&r, tk_seed());
+    const int64_t shape[4] = {1, 150, 2, 64}, lshape[3] = {1, 2, 150}, n = 150;
+    const int d = 64;
+    for (size_t c = 0; c < sizeof sc / sizeof sc[0]; c++) {
+        /* inputs q, k, v, dO; per run ([0] f64 reference, [1] plain, [2] kernel): o, lse and
+           the gradients dq, dk, dv */
+        enum { Q, K, V, G, NIN };
+        enum { O, L, DQ, DK, DV, NOUT };
+        tk_buf in[NIN], in64[NIN], out[3][NOUT];
+        const int ex[NIN] = {0, 0, sc[c].v, sc[c].g};
+        for (int t = 0; t < NIN; t++) {
+            assert_int_equal(tk_buf_alloc(&in[t], FA_DTYPE_F32, 4, shape, 0, &r), 0);
+            assert_int_equal(tk_buf_alloc(&in64[t], FA_DTYPE_F64, 4, shape, 0, &r), 0);
+            tk_fill_normal(&in[t], &r, 1);
+            for (int64_t i = 0; i < tk_numel(&in[t].t); i++)
+                tk_set(&in[t].t, i, ldexp(tk_get(&in[t].t, i), ex[t]));
+            tk_copy(&in64[t], &in[t]);
+        }
+        for (int run = 0; run < 3; run++) {
+            const fa_dtype dt = run == 0 ? FA_DTYPE_F64 : FA_DTYPE_F32;
+            for (int w = 0; w < NOUT; w++) {
+                assert_int_equal(tk_buf_alloc(&out[run][w], dt, w == L ? 3 : 4,
+                                              w == L ? lshape : shape, 0, &r),
+                                 0);
+                tk_poison(&out[run][w]);
+            }
+            fa_context *ctx;
+            assert_int_equal(fa_context_create(&ctx, FA_BACKEND_CPU), FA_OK);
+            const fa_algo algo[3] = {FA_ALGO_NAIVE, FA_ALGO_PLAIN, FA_ALGO_AUTO};
+            assert_int_equal(fa_context_set_algo(ctx, algo[run]), FA_OK);
+            fa_params p = fa_params_default();
+            p.causal = sc[c].causal;
+            const tk_buf *x = run == 0 ? in64 : in;
+            tk_buf *o = out[run];
+            assert_int_equal(fa_fwd(ctx, &x[Q].t, &x[K].t, &x[V].t, &p, &o[O].t, &o[L].t), FA_OK);
+            assert_int_equal(fa_bwd(ctx, &x[Q].t, &x[K].t, &x[V].t, &o[O].t, &x[G].t, &o[L].t,
+                                    &p, &o[DQ].t, &o[DK].t, &o[DV].t),
+                             FA_OK);
+            if (run == 2 && getenv("FLASHATTN_TEST_VERBOSE"))
+                print_message("scaled dO*2^%d V*2^%d: %s\n", ex[G], ex[V],
+                              fa_last_selection(ctx)->kernel);
+            fa_context_destroy(ctx);
+            char msg[256];
+            for (int w = DQ; w <= DV; w++)
+                if (tk_check_written(&o[w], "gradient", msg, sizeof msg))
+                    fail_msg("dO*2^%d V*2^%d run %d: %s", ex[G], ex[V], run, msg);
+        }
+        const int back[NOUT] = {0, 0, -ex[G] - ex[V], -ex[G] - ex[V], -ex[G]};
+        for (int run = 0; run < 3; run++)
+            for (int w = DQ; w <= DV; w++)
+                for (int64_t i = 0; i < tk_numel(&out[run][w].t); i++)
+                    tk_set(&out[run][w].t, i, ldexp(tk_get(&out[run][w].t, i), back[w]));
+        double extra[NOUT] = {0};
+        tk_grad_extra(&in64[G].t, &out[0][O].t, &in64[Q].t, &in64[K].t, d, 1.0 / sqrt(d), n,
+                      &extra[DQ], &extra[DK]);
+        extra[DQ] = ldexp(extra[DQ], back[DQ]);
+        extra[DK] = ldexp(extra[DK], back[DK]);
+        static const char *names[NOUT] = {"O", "LSE", "dQ", "dK", "dV"};
+        for (int w = DQ; w <= DV; w++) {
+            const tk_err base = tk_compare(&out[1][w].t, &out[0][w].t);
+            const tk_err kern = tk_compare(&out[2][w].t, &out[0][w].t);
+            if (!tk_rule(&kern, &base, FA_DTYPE_F32, extra[w], NULL))
+                fail_msg("dO*2^%d V*2^%d%s: %s kernel max %.3g mean %.3g, plain max %.3g mean "
+                         "%.3g (extra %.3g)",
+                         ex[G], ex[V], sc[c].causal ? " causal" : "", names[w], kern.max_abs,
+                         kern.mean_abs, base.max_abs, base.mean_abs, extra[w]);
+        }
+        for (int t = 0; t < NIN; t++) {
+            tk_buf_free(&in[t]);
+            tk_buf_free(&in64[t]);
+        }
+        for (int run = 0; run < 3; run++)
+            for (int w = 0; w < NOUT; w++) tk_buf_free(&out[run][w]);
+    }
+}
+
 int main(int argc, char **argv) {
     size_t n;
     const tk_case *cases = tk_bwd_cases(&n);
-    const struct CMUnitTest extra[] = {cmocka_unit_test(bwd_repeatable)};
+    const struct CMUnitTest extra[] = {cmocka_unit_test(bwd_repeatable),
+                                       cmocka_unit_test(f32_scaled_grads)};
     return sweep_main(argc, argv, "bwd", cases, n, extra, sizeof extra / sizeof *extra);
 }

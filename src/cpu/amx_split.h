@@ -21,7 +21,8 @@
  * have the sign of x, the dropped products the sign of the product, a bias that adds up
  * (measured on dot products of length 8: 1.24x plain fp32's mean error with mid truncated,
  * 0.69x rounded; bench/NOTES.md). Parts below 2^-126 are subnormal in bf16, which AMX reads
- * as zero: values under ~2^-110 lose their lo part (see bench/NOTES.md for when that shows).
+ * as zero: values under ~2^-110 lose their lo part (see bench/NOTES.md for when that shows),
+ * hence split_scale for the operands whose size the attention does not fix (V, dO).
  */
 #ifndef FA_CPU_AMX_SPLIT_H
 #define FA_CPU_AMX_SPLIT_H
@@ -79,7 +80,7 @@ FA_TM_INLINE void split_row(uint16_t *restrict dst, size_t pstride, const float 
 }
 
 /* A row of an operand as the products read it, parts pstride elements apart: bf16 (parts 1)
-   copied, fp32 (parts 3) times mul (a power of two; 1 but for the fp32 forward's V) and split;
+   copied, fp32 (parts 3) times mul (a power of two, split_scale's; else 1) and split;
    zeros for a padding row, past the sequence (row NULL). */
 FA_TM_INLINE void put_row_mul(uint16_t *dst, size_t pstride, const void *row, int parts, int d,
                               int dp, float mul) {
@@ -92,6 +93,42 @@ FA_TM_INLINE void put_row_mul(uint16_t *dst, size_t pstride, const void *row, in
 }
 FA_TM_INLINE void put_row(uint16_t *dst, size_t pstride, const void *row, int parts, int d, int dp) {
     put_row_mul(dst, pstride, row, parts, d, dp, 1.0f);
+}
+
+/*
+ * The power of two an fp32 operand is multiplied by before it is split (what it feeds is
+ * divided by it as it is stored): 1 where max |x| >= 1, else what brings that max into [1, 2),
+ * at most 2^63. A part below 2^-126 is subnormal in bf16 and AMX reads it as zero, so V under
+ * ~2^-110 would lose its lo part, and under 2^-118 its mid part too: V * 2^-120 erred 0.023 (at
+ * O's scale) against plain fp32's 4.8e-7 in the forward (tests/test_fwd.c f32_scaled_inputs),
+ * and dO or V * 2^-120 lose the same parts in the backward (tests/test_bwd.c f32_scaled_grads).
+ * Scaling by a power of two is exact, so an operand of ordinary size gets the same bits, and
+ * subnormal values are scaled exactly too (the split runs without DAZ: split_mxcsr_enter).
+ * The cap: the backward's dS carries the scales of dO and V both, and 2^-126 undoes two of
+ * them as a normal float; 2^63 still brings the smallest subnormal, 2^-149, to 2^-86, whose
+ * parts are normal. One pass over rows (b, t, h), b < nb, t < nt, h < nh (NaN skipped; an inf
+ * max leaves 1).
+ */
+static inline float split_scale(const fa_operand *a, int64_t nb, int64_t nt, int64_t nh, int d,
+                                int threads) {
+    const int64_t rows = nb * nt * nh;
+    float mx = 0.0f;
+#pragma omp parallel for num_threads(threads) reduction(max : mx) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t h = r % nh, t = r / nh % nt, b = r / nh / nt;
+        const float *v = (const float *)fa_tm_row(a, 4, b, t, h);
+        __m512 m = _mm512_setzero_ps();
+        for (int x = 0; x < d; x += 16) {
+            const __mmask16 k = d - x >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (d - x)) - 1);
+            m = _mm512_max_ps(_mm512_abs_ps(_mm512_maskz_loadu_ps(k, v + x)), m); /* NaN: m */
+        }
+        const float rm = _mm512_reduce_max_ps(m);
+        if (rm > mx) mx = rm;
+    }
+    if (!(mx > 0.0f) || mx >= 1.0f) return 1.0f; /* also inf */
+    int e;
+    frexpf(mx, &e); /* mx = f 2^e, f in [0.5, 1) */
+    return ldexpf(1.0f, 1 - e > 63 ? 63 : 1 - e);
 }
 
 /* Values e0 (row 2r) and e1 (row 2r + 1) of 16 columns (P or dS) -> row r of their VNNI
@@ -181,8 +218,10 @@ FA_TM_INLINE void split_step(const char *a, size_t apart, size_t a1, size_t as, 
  * bench/NOTES.md). What it flushes is below 2^-126 and so already lost to the split's parts
  * (AMX reads subnormal bf16 as zero); P below 2^-126 next to a row max near 1 is far below the
  * rule's absolute error. Not denormals-are-zero: with FTZ no result is subnormal, so only the
- * caller's inputs can be, and the forward scales V up before splitting it (fwd_amx_f32.c's
- * v_scale), which DAZ would turn into zeros (V * 2^-120 has ~1% of its values subnormal).
+ * caller's inputs can be, and the fp32 kernels scale V (and the backward dO) up before
+ * splitting them (split_scale), which DAZ would turn into zeros (V * 2^-120 has ~1% of its
+ * values subnormal). Stores whose values are divided by such a scale run without FTZ (the
+ * result is subnormal where plain fp32's is, and must round there, not flush).
  */
 FA_TM_INLINE unsigned split_mxcsr_enter(void) {
     const unsigned old = _mm_getcsr();

@@ -35,7 +35,10 @@
  * forward's in the last bits, failed the 2x rule on dV where a row has one dominant key. For
  * the same reason this backward takes every fp32 problem whatever the schedule bwd_schedule.c
  * would pick (up to its dQ buffer bound), and FLASHATTN_CPU_F32_AMX=0 moves both the forward
- * and the backward to the avx512 level.
+ * and the backward to the avx512 level. dO and V are multiplied by powers of two before they
+ * are split (amx_split.h's split_scale: their parts under 2^-126 would read as zero, and
+ * dO or V * 2^-120 lose their lo and mid parts); dP, D and dS then carry both factors, dV
+ * dO's, and the stores divide them out (exactly: powers of two), without FTZ.
  *
  * Measured on a 2-core Sapphire Rapids (bench/cpu_vs_torch.py, B 1, H 8): 1.4-1.6 TFLOP/s at
  * d 128, 2.4-3.5x PyTorch's CPU SDPA backward in bf16, where the avx512 backward measured
@@ -106,6 +109,7 @@ typedef struct bwd_bufs {
                             rows of a run of QG query tiles */
     uint16_t *dsr;       /* 2 x BQ x BK: dS rows, two tile pairs' (see key_group) */
     int parts;
+    float gmul, vmul;    /* dO, V times these before the split (split_scale; 1 for bf16) */
     part_strides ps;
 } bwd_bufs;
 
@@ -173,13 +177,16 @@ FA_TM_INLINE __m512 load16(const void *s, int n, int f32) {
     return _mm512_maskz_loadu_ps(m, s);
 }
 
-/* D = rowsum(dO * O) of one row, in fp32. */
-static float row_dot(const void *o, const void *g, int d, int f32) {
+/* D = rowsum(dO * O) of one row, in fp32, times gmul vmul as dP is: O times vmul and dO
+   times gmul before the products (exact, and no product of two tiny values flushed). */
+static float row_dot(const void *o, const void *g, int d, int f32, float vmul, float gmul) {
     const size_t es = f32 ? 4 : 2;
+    const __m512 vm = _mm512_set1_ps(vmul), gm = _mm512_set1_ps(gmul);
     __m512 acc = _mm512_setzero_ps();
     for (int x = 0; x < d; x += 16)
-        acc = _mm512_fmadd_ps(load16((const char *)o + x * es, d - x, f32),
-                              load16((const char *)g + x * es, d - x, f32), acc);
+        acc = _mm512_fmadd_ps(_mm512_mul_ps(load16((const char *)o + x * es, d - x, f32), vm),
+                              _mm512_mul_ps(load16((const char *)g + x * es, d - x, f32), gm),
+                              acc);
     return _mm512_reduce_add_ps(acc);
 }
 
@@ -222,9 +229,9 @@ static void pack_queries(const fa_problem *p, const bwd_bufs *B, int64_t b, int6
                 const void *g = fa_tm_row(&p->dout, es, bq, q0 + i, h);
                 put_row(qr + (size_t)i * dp, ps, fa_tm_row(&p->q, es, bq, q0 + i, h), parts, d,
                         dp);
-                put_row(dor + (size_t)i * dp, ps, g, parts, d, dp);
+                put_row_mul(dor + (size_t)i * dp, ps, g, parts, d, dp, B->gmul);
                 lse[i] = lse_ref(p, b, h, q0 + i);
-                dd[i] = row_dot(fa_tm_row(&p->o, es, bq, q0 + i, h), g, d, f32);
+                dd[i] = row_dot(fa_tm_row(&p->o, es, bq, q0 + i, h), g, d, f32, B->vmul, B->gmul);
             } else { /* padding rows: zero operands, P = 0 */
                 put_row(qr + (size_t)i * dp, ps, NULL, parts, d, dp);
                 put_row(dor + (size_t)i * dp, ps, NULL, parts, d, dp);
@@ -257,15 +264,16 @@ static void dword_transpose(uint32_t *dst, const uint16_t *stg, int dp) {
         }
 }
 
-/* stg = rows [t0, t0 + nk) of kv head hk of operand a (each part B->ps.stg elements on),
-   zero past nk. */
+/* stg = rows [t0, t0 + nk) of kv head hk of operand a times mul (each part B->ps.stg elements
+   on), zero past nk. */
 static void stage_keys(const fa_problem *p, const bwd_bufs *B, const fa_operand *a, int64_t bk,
-                       int64_t t0, int nk, int64_t hk, int dp) {
+                       int64_t t0, int nk, int64_t hk, int dp, float mul) {
     const size_t es = B->parts > 1 ? 4 : 2;
     for (int j = 0; j < BK; j++) {
         if (j + PF_ROWS < nk) prefetch_row(fa_tm_row(a, es, bk, t0 + j + PF_ROWS, hk), (int)p->d, es);
-        put_row(B->stg + (size_t)j * dp, B->ps.stg,
-                j < nk ? fa_tm_row(a, es, bk, t0 + j, hk) : NULL, B->parts, (int)p->d, dp);
+        put_row_mul(B->stg + (size_t)j * dp, B->ps.stg,
+                    j < nk ? fa_tm_row(a, es, bk, t0 + j, hk) : NULL, B->parts, (int)p->d, dp,
+                    mul);
     }
 }
 
@@ -273,7 +281,7 @@ static void stage_keys(const fa_problem *p, const bwd_bufs *B, const fa_operand 
 static void pack_keys(const fa_problem *p, const bwd_bufs *B, const kt_bufs *K, int64_t bk,
                       int64_t t0, int nk, int64_t hk, int dp) {
     const size_t ps = B->ps.stg, pk = B->ps.kv;
-    stage_keys(p, B, &p->k, bk, t0, nk, hk, dp);
+    stage_keys(p, B, &p->k, bk, t0, nk, hk, dp, 1.0f);
     const __m512i idx = interleave_idx(32);
     for (int k = 0; k < B->parts; k++) {
         const uint16_t *stg = B->stg + k * ps;
@@ -288,7 +296,7 @@ static void pack_keys(const fa_problem *p, const bwd_bufs *B, const kt_bufs *K, 
                 _mm512_storeu_si512(kp + (size_t)r * dp + x, _mm512_permutex2var_epi16(a, idx, c));
             }
     }
-    stage_keys(p, B, &p->v, bk, t0, nk, hk, dp);
+    stage_keys(p, B, &p->v, bk, t0, nk, hk, dp, B->vmul);
     for (int k = 0; k < B->parts; k++) dword_transpose(K->vvn + k * pk, B->stg + k * ps, dp);
 }
 
@@ -550,10 +558,22 @@ static void run_products(const fa_problem *p, const bwd_bufs *B, const kt_bufs *
     trans_times_pairs(B, K->dkt, B->qt + t0, B->dsp, rows32, nk32, dp);
 }
 
-/* Rows [0, nk) of a gradient tile held transposed (acc[x][j]) -> operand rows, times mul. */
+/* A gradient row src (overwritten) times mul, then times unscale (undoing gmul and vmul): two
+   steps, since mul * unscale as one factor can be subnormal and lose bits of mul, while a
+   power of two rounds only a subnormal result, as plain fp32 rounds it. */
+static void store_grad_row(void *dst, fa_dtype dt, float *src, int d, float mul, float unscale) {
+    if (unscale != 1.0f) {
+        for (int x = 0; x < d; x++) src[x] *= mul;
+        mul = unscale;
+    }
+    fa_tm_store_row(dst, dt, src, d, mul);
+}
+
+/* Rows [0, nk) of a gradient tile held transposed (acc[x][j]) -> operand rows, times mul
+   and unscale (store_grad_row). */
 static void store_keys(const fa_problem *p, const bwd_bufs *B, const float *acc,
                        const fa_operand *dst, int64_t bk, int64_t t0, int nk, int64_t hk,
-                       float mul) {
+                       float mul, float unscale) {
     const int d = (int)p->d, dp = pad32(d);
     for (int j0 = 0; j0 < nk; j0 += 16)
         for (int x0 = 0; x0 < dp; x0 += 16) {
@@ -565,8 +585,8 @@ static void store_keys(const fa_problem *p, const bwd_bufs *B, const float *acc,
                 _mm512_storeu_si512(B->tmp + (size_t)(j0 + t) * dp + x0, w[t]);
         }
     for (int j = 0; j < nk; j++)
-        fa_tm_store_row(fa_tm_row(dst, fa_dtype_size(p->dtype), bk, t0 + j, hk), p->dtype,
-                        B->tmp + (size_t)j * dp, d, mul);
+        store_grad_row(fa_tm_row(dst, fa_dtype_size(p->dtype), bk, t0 + j, hk), p->dtype,
+                       B->tmp + (size_t)j * dp, d, mul, unscale);
 }
 
 /* Every query tile of every head of the group that sees key tiles j0, j0 + BK, ... (n of
@@ -617,13 +637,21 @@ static void key_group(const fa_problem *p, const bwd_bufs *B, int64_t b, int64_t
 }
 
 FA_TM_HOT
-static void amx_bwd_item(const fa_problem *p, int64_t b, int64_t hk, float *ws) {
+static void amx_bwd_item(const fa_problem *p, int64_t b, int64_t hk, float *ws, float gmul,
+                         float vmul) {
     int64_t q0, sq, k0, sk;
     fa_seq_bounds(p, b, &q0, &sq, &k0, &sk);
     const int d = (int)p->d, dp = pad32(d);
     const int64_t nr = item_rows(p), bq = p->cu_q ? 0 : b, bk = p->cu_k ? 0 : b;
+    /* dS (so dQ, dK) carries both factors, dV dO's */
+    const float un_s = 1.0f / (gmul * vmul), un_v = 1.0f / gmul;
     bwd_bufs B;
     bwd_layout(p, ws, &B);
+    B.gmul = gmul;
+    B.vmul = vmul;
+    /* the stores without FTZ (amx_split.h): a gradient divided by the scales is subnormal
+       where plain fp32's is, and must round there, not flush */
+    const unsigned csr = _mm_getcsr(), csr_store = csr & ~0x8000u;
     pack_queries(p, &B, b, hk, q0, sq);
     memset(B.dq, 0, (size_t)(p->group * nr) * dp * sizeof(float));
     for (int64_t j0 = 0; j0 < sk; j0 += KG * BK) {
@@ -637,17 +665,21 @@ static void amx_bwd_item(const fa_problem *p, int64_t b, int64_t hk, float *ws) 
             memset(K->dvt, 0, (size_t)dp * BK * sizeof(float));
         }
         if (sq > 0) key_group(p, &B, b, hk, sq, sk, j0, n, nk);
+        _mm_setcsr(csr_store);
         for (int t = 0; t < n; t++) {
             const int64_t jt = k0 + j0 + t * BK;
-            store_keys(p, &B, B.kt[t].dkt, &p->dk, bk, jt, nk[t], hk, p->scale);
-            store_keys(p, &B, B.kt[t].dvt, &p->dv, bk, jt, nk[t], hk, 1.0f);
+            store_keys(p, &B, B.kt[t].dkt, &p->dk, bk, jt, nk[t], hk, p->scale, un_s);
+            store_keys(p, &B, B.kt[t].dvt, &p->dv, bk, jt, nk[t], hk, 1.0f, un_v);
         }
+        _mm_setcsr(csr);
     }
+    _mm_setcsr(csr_store);
     for (int64_t r = 0; r < p->group; r++)
         for (int64_t i = 0; i < sq; i++)
-            fa_tm_store_row(fa_tm_row(&p->dq, fa_dtype_size(p->dtype), bq, q0 + i,
-                                      hk * p->group + r),
-                            p->dtype, B.dq + (size_t)(r * nr + i) * dp, d, p->scale);
+            store_grad_row(fa_tm_row(&p->dq, fa_dtype_size(p->dtype), bq, q0 + i,
+                                     hk * p->group + r),
+                           p->dtype, B.dq + (size_t)(r * nr + i) * dp, d, p->scale, un_s);
+    _mm_setcsr(csr);
 }
 
 /* ---- entry points ---- */
@@ -685,6 +717,13 @@ void fa_cpu_amx_bwd(const fa_problem *p, void *ws, int threads) {
     amx_config cfg;
     amx_config_init(&cfg);
     const int64_t items = p->batch * p->heads_kv;
+    float gmul = 1.0f, vmul = 1.0f;
+    if (p->dtype == FA_DTYPE_F32) {
+        gmul = split_scale(&p->dout, p->cu_q ? 1 : p->batch, p->cu_q ? p->total_q : p->seqlen_q,
+                           p->heads_q, (int)p->d, threads);
+        vmul = split_scale(&p->v, p->cu_k ? 1 : p->batch, p->cu_k ? p->total_k : p->seqlen_k,
+                           p->heads_kv, (int)p->d, threads);
+    }
 #pragma omp parallel num_threads(threads)
     {
         float *mine = base + per_thread * (size_t)fa_tm_tid();
@@ -694,7 +733,8 @@ void fa_cpu_amx_bwd(const fa_problem *p, void *ws, int threads) {
            backward ran 4-39% faster so (the bf16 forward did not change: left as it is) */
         const unsigned csr = split_mxcsr_enter();
 #pragma omp for schedule(dynamic)
-        for (int64_t w = 0; w < items; w++) amx_bwd_item(p, w / p->heads_kv, w % p->heads_kv, mine);
+        for (int64_t w = 0; w < items; w++)
+            amx_bwd_item(p, w / p->heads_kv, w % p->heads_kv, mine, gmul, vmul);
         split_mxcsr_leave(csr);
         _tile_release();
     }

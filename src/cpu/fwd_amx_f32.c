@@ -38,36 +38,11 @@ static size_t split_layout(int dp, float *base, split_ws *w) {
     return off;
 }
 
-/*
- * The power of two V is multiplied by before it is split (O is divided by it as it is stored):
- * 1 where max |V| >= 1, else what brings that max into [1, 2) (at most 2^126). A part below
- * 2^-126 is subnormal in bf16 and AMX reads it as zero, so V under ~2^-110 would lose its lo
- * part, and under 2^-118 its mid part too: V * 2^-120 erred 0.023 (at O's scale) against plain
- * fp32's 4.8e-7 (tests/test_fwd.c f32_scaled_inputs). Scaling by a power of two is exact, so
- * V of ordinary size gets the same bits, and subnormal V is scaled exactly too (the split
- * runs without DAZ: amx_split.h). One pass over V (NaN skipped; an inf max leaves 1).
- */
+/* The power of two V is multiplied by before it is split, O divided by as it is stored
+   (amx_split.h's split_scale: V * 2^-120 erred 0.023 at O's scale without it). */
 static float v_scale(const fa_problem *p, int threads) {
     const int64_t nb = p->cu_k ? 1 : p->batch, nt = p->cu_k ? p->total_k : p->seqlen_k;
-    const int64_t rows = nb * nt * p->heads_kv;
-    const int d = (int)p->d;
-    float mx = 0.0f;
-#pragma omp parallel for num_threads(threads) reduction(max : mx) schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t hk = r % p->heads_kv, t = r / p->heads_kv % nt, b = r / p->heads_kv / nt;
-        const float *v = (const float *)fa_tm_row(&p->v, 4, b, t, hk);
-        __m512 m = _mm512_setzero_ps();
-        for (int x = 0; x < d; x += 16) {
-            const __mmask16 k = d - x >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (d - x)) - 1);
-            m = _mm512_max_ps(_mm512_abs_ps(_mm512_maskz_loadu_ps(k, v + x)), m); /* NaN: m */
-        }
-        const float rm = _mm512_reduce_max_ps(m);
-        if (rm > mx) mx = rm;
-    }
-    if (!(mx > 0.0f) || mx >= 1.0f) return 1.0f; /* also inf */
-    int e;
-    frexpf(mx, &e); /* mx = f 2^e, f in [0.5, 1) */
-    return ldexpf(1.0f, 1 - e > 126 ? 126 : 1 - e);
+    return split_scale(&p->v, nb, nt, p->heads_kv, (int)p->d, threads);
 }
 
 /* Query tiles t0 .. t0 + GQ - 1 of head h of sequence b; V is split times vmul (v_scale). */
