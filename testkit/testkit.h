@@ -76,6 +76,12 @@ void tk_set(fa_tensor *t, int64_t i, double x);
 void tk_fill_normal(tk_buf *b, tk_rng *r, double sigma);
 /* Copies every element of src into dst (same shape, any dtypes/strides). */
 void tk_copy(tk_buf *dst, const tk_buf *src);
+/* Every element of the view times 2^e (exact, but where a result falls subnormal). */
+void tk_scale_pow2(tk_buf *b, int e);
+/* x (fp32) and x64 (its float64 twin), shape[0..ndim) unstrided, unit normals times 2^e: the
+   scaled-input tests' operands. Returns 0 on success; the caller frees both. */
+int tk_scaled_normal_pair(tk_buf *x, tk_buf *x64, int ndim, const int64_t *shape, int e,
+                          tk_rng *r);
 /* Fills the whole allocation with the poison byte 0xFF: a NaN in every dtype. */
 void tk_poison(tk_buf *b);
 /* 0 when every element of the view was written (is not NaN) and every byte outside the view

@@ -235,6 +235,24 @@ void tk_copy(tk_buf *dst, const tk_buf *src) {
     for (int64_t i = 0; i < n; i++) tk_set(&dst->t, i, tk_get(&src->t, i));
 }
 
+void tk_scale_pow2(tk_buf *b, int e) {
+    int64_t n = tk_numel(&b->t);
+    for (int64_t i = 0; i < n; i++) tk_set(&b->t, i, ldexp(tk_get(&b->t, i), e));
+}
+
+int tk_scaled_normal_pair(tk_buf *x, tk_buf *x64, int ndim, const int64_t *shape, int e,
+                          tk_rng *r) {
+    if (tk_buf_alloc(x, FA_DTYPE_F32, ndim, shape, 0, r)) return 1;
+    if (tk_buf_alloc(x64, FA_DTYPE_F64, ndim, shape, 0, r)) {
+        tk_buf_free(x);
+        return 1;
+    }
+    tk_fill_normal(x, r, 1);
+    tk_scale_pow2(x, e);
+    tk_copy(x64, x);
+    return 0;
+}
+
 void tk_poison(tk_buf *b) {
     if (b->base) memset(b->base, 0xff, b->bytes);
 }

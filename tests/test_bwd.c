@@ -80,14 +80,8 @@ static void f32_scaled_grads(void **state) {
         enum { O, L, DQ, DK, DV, NOUT };
         tk_buf in[NIN], in64[NIN], out[3][NOUT];
         const int ex[NIN] = {0, 0, sc[c].v, sc[c].g};
-        for (int t = 0; t < NIN; t++) {
-            assert_int_equal(tk_buf_alloc(&in[t], FA_DTYPE_F32, 4, shape, 0, &r), 0);
-            assert_int_equal(tk_buf_alloc(&in64[t], FA_DTYPE_F64, 4, shape, 0, &r), 0);
-            tk_fill_normal(&in[t], &r, 1);
-            for (int64_t i = 0; i < tk_numel(&in[t].t); i++)
-                tk_set(&in[t].t, i, ldexp(tk_get(&in[t].t, i), ex[t]));
-            tk_copy(&in64[t], &in[t]);
-        }
+        for (int t = 0; t < NIN; t++)
+            assert_int_equal(tk_scaled_normal_pair(&in[t], &in64[t], 4, shape, ex[t], &r), 0);
         for (int run = 0; run < 3; run++) {
             const fa_dtype dt = run == 0 ? FA_DTYPE_F64 : FA_DTYPE_F32;
             for (int w = 0; w < NOUT; w++) {
@@ -119,9 +113,7 @@ static void f32_scaled_grads(void **state) {
         }
         const int back[NOUT] = {0, 0, -ex[G] - ex[V], -ex[G] - ex[V], -ex[G]};
         for (int run = 0; run < 3; run++)
-            for (int w = DQ; w <= DV; w++)
-                for (int64_t i = 0; i < tk_numel(&out[run][w].t); i++)
-                    tk_set(&out[run][w].t, i, ldexp(tk_get(&out[run][w].t, i), back[w]));
+            for (int w = DQ; w <= DV; w++) tk_scale_pow2(&out[run][w], back[w]);
         double extra[NOUT] = {0};
         tk_grad_extra(&in64[G].t, &out[0][O].t, &in64[Q].t, &in64[K].t, d, 1.0 / sqrt(d), n,
                       &extra[DQ], &extra[DK]);

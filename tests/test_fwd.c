@@ -115,14 +115,8 @@ static void f32_scaled_inputs(void **state) {
         const int64_t shape[4] = {1, 150, 2, 64}, lshape[3] = {1, 2, 150};
         tk_buf in[3], in64[3], o[3], lse[3]; /* o, lse: [0] f64 reference, [1] plain, [2] kernel */
         const int ex[3] = {sc[c].q, sc[c].k, sc[c].v};
-        for (int t = 0; t < 3; t++) {
-            assert_int_equal(tk_buf_alloc(&in[t], FA_DTYPE_F32, 4, shape, 0, &r), 0);
-            assert_int_equal(tk_buf_alloc(&in64[t], FA_DTYPE_F64, 4, shape, 0, &r), 0);
-            tk_fill_normal(&in[t], &r, 1);
-            for (int64_t i = 0; i < tk_numel(&in[t].t); i++)
-                tk_set(&in[t].t, i, ldexp(tk_get(&in[t].t, i), ex[t]));
-            tk_copy(&in64[t], &in[t]);
-        }
+        for (int t = 0; t < 3; t++)
+            assert_int_equal(tk_scaled_normal_pair(&in[t], &in64[t], 4, shape, ex[t], &r), 0);
         for (int run = 0; run < 3; run++) {
             const fa_dtype dt = run == 0 ? FA_DTYPE_F64 : FA_DTYPE_F32;
             assert_int_equal(tk_buf_alloc(&o[run], dt, 4, shape, 0, &r), 0);
@@ -142,9 +136,7 @@ static void f32_scaled_inputs(void **state) {
                               fa_last_selection(ctx)->kernel);
             fa_context_destroy(ctx);
         }
-        for (int run = 0; run < 3; run++)
-            for (int64_t i = 0; i < tk_numel(&o[run].t); i++)
-                tk_set(&o[run].t, i, ldexp(tk_get(&o[run].t, i), -ex[2]));
+        for (int run = 0; run < 3; run++) tk_scale_pow2(&o[run], -ex[2]);
         const tk_buf *outs[2][3] = {{&o[0], &o[1], &o[2]}, {&lse[0], &lse[1], &lse[2]}};
         for (int w = 0; w < 2; w++) {
             const tk_err base = tk_compare(&outs[w][1]->t, &outs[w][0]->t);
