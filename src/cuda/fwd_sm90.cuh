@@ -242,6 +242,12 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     const uint32_t bar_kfull = bar_qempty + 8 * NQ, bar_vfull = bar_kfull + 8 * STAGES;
     const uint32_t bar_kempty = bar_vfull + 8 * STAGES, bar_vempty = bar_kempty + 8 * STAGES;
     const uint32_t tile_slot = base + C::OFF_TILE;
+#ifdef FA_SM90_WATCHDOG
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        printf("watchdog: d %d bn %d nq %d nc %d: q full at %u, q empty %u, k full %u, v full %u, "
+               "k empty %u, v empty %u (8 bytes each)\n", D, BN, NQ, NC, bar_q, bar_qempty,
+               bar_kfull, bar_vfull, bar_kempty, bar_vempty);
+#endif
     const int tid = threadIdx.x, wg = tid / 128;
 
     if (tid == 0) {
