@@ -599,8 +599,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     /* EXPT 44 (LAG; d 64 short, OVERLAP): consumer 1 starts once consumer 0 has issued its
        second products (named barrier 5), about a key iteration behind, so that the two
        consumers' tile hand-overs (~3000 cycles at d 64, in step otherwise) fall at different
-       times, each beside the other's key loop; a fourth ring stage holds the extra key tile */
-    /* (the preprocessor keeps the default build's code as it was) */
+       times, each beside the other's key loop; a fourth ring stage holds the extra key tile.
+       Under #if, so that the default build's code stays byte-identical. */
 #if FA_SM90_EXPT == 44
     constexpr bool LAG = SCHED == OVERLAP && NC == 2 && D == 64 && STAGES == 4;
     int lead = LAG && c == 0 ? 2 : 0; /* consumer 0's product issues until consumer 1 may start */
