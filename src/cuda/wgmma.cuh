@@ -41,7 +41,8 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 #include <stdio.h>
 /* bring-up (-DFA_SM90_WATCHDOG): a wait that lasts ~2^22 polls prints the barrier and gives
    up, and later waits give up sooner: the results are then wrong, but the kernel ends, so
-   the printout reaches the host */
+   the printout reaches the host. printf is a call, across which ptxas serialises the wgmma
+   pipeline (C7510): a build for finding hangs, not for timing. */
 __device__ int fa_watchdog_prints;
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
     const int polls = *(volatile int *)&fa_watchdog_prints ? 1024 : 1 << 22;
