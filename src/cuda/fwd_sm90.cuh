@@ -59,7 +59,7 @@ namespace sm90 {
    stores and one copy per warpgroup (O_ROWS 64), 13 with one Q buffer the hand-over works
    out the next tile (tile_of) before its first S instead of under it, 17 at d 256 O stored
    under the next tile's first S instead of while its Q is awaited (STORE_FIRST), 44 consumer
-   1 a key iteration behind consumer 0 (LAG, d 64 short).
+   1 a key iteration behind consumer 0 (LAG, d 64 short), 45 the same without a fourth stage.
    0 (the default) is the kernel. */
 #ifndef FA_SM90_EXPT
 #define FA_SM90_EXPT 0
@@ -599,10 +599,11 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     /* EXPT 44 (LAG; d 64 short, OVERLAP): consumer 1 starts once consumer 0 has issued its
        second products (named barrier 5), about a key iteration behind, so that the two
        consumers' tile hand-overs (~3000 cycles at d 64, in step otherwise) fall at different
-       times, each beside the other's key loop; a fourth ring stage holds the extra key tile.
+       times, each beside the other's key loop; a fourth ring stage holds the extra key tile
+       (45: the same on the three stages, so that the two effects part).
        Under #if, so that the default build's code stays byte-identical. */
-#if FA_SM90_EXPT == 44
-    constexpr bool LAG = SCHED == OVERLAP && NC == 2 && D == 64 && STAGES == 4;
+#if FA_SM90_EXPT == 44 || FA_SM90_EXPT == 45
+    constexpr bool LAG = SCHED == OVERLAP && NC == 2 && D == 64 && BN == 128 && NQ == 3;
     int lead = LAG && c == 0 ? 2 : 0; /* consumer 0's product issues until consumer 1 may start */
     auto lead_go = [&]() {
         if (LAG) asm volatile("bar.arrive 5, 256;\n" ::: "memory");
