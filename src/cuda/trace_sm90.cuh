@@ -13,6 +13,8 @@
 
 #include <stdint.h>
 
+#include "wgmma.cuh"
+
 namespace fa {
 namespace sm90 {
 
@@ -49,15 +51,7 @@ __device__ uint2 trace_buf[TRACE_BLOCKS * TRACE_ROLES * TRACE_EVENTS];
 __device__ int trace_len[TRACE_BLOCKS * TRACE_ROLES];
 
 /* whether the mbarrier's phase `parity` has completed, without waiting (the probe of a wait) */
-__device__ __forceinline__ int mbar_done(uint32_t bar, uint32_t parity) {
-    uint32_t r;
-    asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                 "selp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(r)
-                 : "r"(bar), "r"(parity)
-                 : "memory");
-    return (int)r;
-}
+__device__ __forceinline__ int mbar_done(uint32_t bar, uint32_t parity) { return mbar_test(bar, parity); }
 
 struct Tracer {
     int slot = -1, n = 0;

@@ -37,24 +37,27 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+/* whether the phase of the given parity has completed, without waiting (1 or 0) */
+__device__ __forceinline__ int mbar_test(uint32_t bar, uint32_t parity) {
+    uint32_t r;
+    asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(r)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+    return (int)r;
+}
 #ifdef FA_SM90_WATCHDOG
 #include <stdio.h>
-/* bring-up (-DFA_SM90_WATCHDOG): a wait that lasts ~2^22 polls prints the barrier and gives
+/* bring-up (-DFA_SM90_WATCHDOG): a wait that lasts 2^22 polls prints the barrier and gives
    up, and later waits give up sooner: the results are then wrong, but the kernel ends, so
    the printout reaches the host. printf is a call, across which ptxas serialises the wgmma
    pipeline (C7510): a build for finding hangs, not for timing. */
 __device__ int fa_watchdog_prints;
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
     const int polls = *(volatile int *)&fa_watchdog_prints ? 1024 : 1 << 22;
-    for (int n = 0; n < polls; n++) {
-        uint32_t done;
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-        if (done) return;
-    }
+    for (int n = 0; n < polls; n++)
+        if (mbar_test(bar, parity)) return;
     if (threadIdx.x % 32 == 0 && atomicAdd(&fa_watchdog_prints, 1) < 64)
         printf("watchdog: block %d thread %d: barrier at shared %u, parity %u\n", (int)blockIdx.x,
                (int)threadIdx.x, bar, parity);
