@@ -86,7 +86,8 @@ if [[ " $STAGES_E " == *" trace "* ]]; then
     for s in ${SHAPES:-128:2048:none}; do
       IFS=: read -r d n mask <<<"$s"
       echo "=== FA_SM90_EXPT=$e d $d seqlen $n mask $mask" >>"$OUT/trace.txt"
-      FLASHATTN_SM90_TRACE_FILE=/tmp/trace.bin "$(expt_dir "$e")-trace/build/tools/flashattn" bench \
+      # a timeout: a variant that hangs ends here and still leaves the later stages their time
+      FLASHATTN_SM90_TRACE_FILE=/tmp/trace.bin timeout 60 "$(expt_dir "$e")-trace/build/tools/flashattn" bench \
         --backend cuda --sweep --head-dim "$d" --seqlens "$n" --masks "$mask" --op fwd \
         --reps 5 --max-time 1 2>&1 | tail -n 1 >>"$OUT/trace.txt"
       python3 bench/trace_sm90.py /tmp/trace.bin >>"$OUT/trace.txt" 2>&1

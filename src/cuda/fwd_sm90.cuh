@@ -58,8 +58,7 @@ namespace sm90 {
    loop's softmax without the running-max path (AT_MAX), 12 O into the Q buffer by 4-byte
    stores and one copy per warpgroup (O_ROWS 64), 13 with one Q buffer the hand-over works
    out the next tile (tile_of) before its first S instead of under it, 17 at d 256 O stored
-   under the next tile's first S instead of while its Q is awaited (STORE_FIRST), 44 consumer
-   1 a key iteration behind consumer 0 (LAG, d 64 short), 45 the same without a fourth stage.
+   under the next tile's first S instead of while its Q is awaited (STORE_FIRST).
    0 (the default) is the kernel. */
 #ifndef FA_SM90_EXPT
 #define FA_SM90_EXPT 0
@@ -100,7 +99,7 @@ template <int D> struct Tiles;
    tiles, FA3's d 64 shape): a third warpgroup's products to hide the softmax behind (as long
    as the products at this head dim); 24/160 registers (spills outside the key loop) */
 template <> struct Tiles<64> {
-    using C = Cfg<64, 128, EXPT == 44 ? 4 : 3, 3>;
+    using C = Cfg<64, 128, 3, 3>;
     using Long = Cfg<64, 128, 3, 2, 3, 24>;
 };
 /* d 128 short: 128 keys, 2 stages, 3 Q buffers (224 KB). Long: 176-key tiles (FA3's
@@ -596,29 +595,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     auto my_turn = [&]() {
         if (SCHED == PINGPONG) asm volatile("bar.sync %0, 256;\n" ::"r"(my_bar) : "memory");
     };
-    /* EXPT 44 (LAG; d 64 short, OVERLAP): consumer 1 starts once consumer 0 has issued its
-       second products (named barrier 5), about a key iteration behind, so that the two
-       consumers' tile hand-overs (~3000 cycles at d 64, in step otherwise) fall at different
-       times, each beside the other's key loop; a fourth ring stage holds the extra key tile
-       (45: the same on the three stages, so that the two effects part).
-       Under #if, so that the default build's code stays byte-identical. */
-#if FA_SM90_EXPT == 44 || FA_SM90_EXPT == 45
-    constexpr bool LAG = SCHED == OVERLAP && NC == 2 && D == 64 && BN == 128 && NQ == 3;
-    int lead = LAG && c == 0 ? 2 : 0; /* consumer 0's product issues until consumer 1 may start */
-    auto lead_go = [&]() {
-        if (LAG) asm volatile("bar.arrive 5, 256;\n" ::: "memory");
-        lead = 0;
-    };
-#define FA_LAG_STEP() if (LAG && lead > 0 && --lead == 0) lead_go()
-#define FA_LAG_GO() if (LAG && lead > 0) lead_go()
-    if (LAG && c == 1) asm volatile("bar.sync 5, 256;\n" ::: "memory");
-#else
-#define FA_LAG_STEP()
-#define FA_LAG_GO()
-#endif
     auto your_turn = [&]() {
         if (SCHED == PINGPONG) asm volatile("bar.arrive %0, 256;\n" ::"r"(other_bar) : "memory");
-        FA_LAG_STEP();
     };
     if (SCHED == PINGPONG && c == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory"); /* 0 first */
 
@@ -626,7 +604,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
        it sees any key. */
     int tc = 0;
     auto fetch = [&](uint32_t &q_smem, uint32_t &q_empty, bool &keys) {
-        if (tc > 0) FA_LAG_GO(); /* the next Q may need consumer 1's release */
         const int qb = tc % NQ;
         mbar_wait(bar_q + 8 * qb, (uint32_t)(tc / NQ) & 1u);
         const int t = ld_shared_s32(tile_slot + 4 * qb);
@@ -987,9 +964,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         }
     }
     release();
-    FA_LAG_GO(); /* consumer 0 issued fewer than two products */
-#undef FA_LAG_STEP
-#undef FA_LAG_GO
     tr(TR_DONE);
     tr.finish();
     if (lane == 0) bulk_wait(); /* the shared memory stays until the last copy is done */
