@@ -65,68 +65,15 @@ const char *refusal(const fa_problem *p, const fa_cuda_launch *l) {
     return NULL;
 }
 
-/* Clusters of two blocks sharing their K/V tiles (multicast; CL in fwd_sm90.cuh) are built
-   in the experiment build FA_SM90_EXPT 46 only, for the tilings whose panels split in two. */
-template <typename C> constexpr bool has_cluster() { return EXPT == 46 && C::PANELS % 2 == 0; }
-
-/* The kernel for sched and a cluster of cl blocks (1, or 2 where has_cluster) */
-template <typename T, typename C> auto kernel_of(int sched, int cl) {
-    auto k = sched == PINGPONG && C::NC == 2 ? fwd_sm90_kernel<T, C, PINGPONG>
-                                             : fwd_sm90_kernel<T, C, OVERLAP>;
-    if constexpr (has_cluster<C>())
-        if (cl == 2)
-            k = sched == PINGPONG ? fwd_sm90_kernel<T, C, PINGPONG, 2>
-                                  : fwd_sm90_kernel<T, C, OVERLAP, 2>;
-    return k;
-}
-
-/* the launch configuration of a grid of `grid` blocks in clusters of cl */
-struct LaunchCfg {
-    cudaLaunchConfig_t cfg;
-    cudaLaunchAttribute attr;
-};
-template <typename C> void launch_cfg(LaunchCfg &c, int grid, int cl, cudaStream_t st) {
-    memset(&c, 0, sizeof c);
-    c.cfg.gridDim = dim3((unsigned)grid);
-    c.cfg.blockDim = dim3(C::THREADS);
-    c.cfg.dynamicSmemBytes = C::SMEM;
-    c.cfg.stream = st;
-    c.attr.id = cudaLaunchAttributeClusterDimension;
-    c.attr.val.clusterDim.x = (unsigned)cl;
-    c.attr.val.clusterDim.y = c.attr.val.clusterDim.z = 1;
-    c.cfg.attrs = &c.attr;
-    c.cfg.numAttrs = 1;
-}
-
-/* How many clusters of cl blocks can run at once (a cluster's blocks share a GPC), 0 on error */
-template <typename T, typename C> int max_clusters(int sched, int cl) {
-    auto kern = kernel_of<T, C>(sched, cl);
-    if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM) !=
-        cudaSuccess)
-        return 0;
-    LaunchCfg c;
-    launch_cfg<C>(c, cl, cl, 0);
-    int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, kern, &c.cfg) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    return n;
-}
-
 template <typename T, typename C>
-cudaError_t launch(const Args &a, int sched, int grid, int cl, cudaStream_t st) {
-    auto kern = kernel_of<T, C>(sched, cl);
+cudaError_t launch(const Args &a, int sched, int grid, cudaStream_t st) {
+    auto kern = sched == PINGPONG && C::NC == 2 ? fwd_sm90_kernel<T, C, PINGPONG>
+                                                : fwd_sm90_kernel<T, C, OVERLAP>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)C::SMEM);
     if (e != cudaSuccess) return e;
-    if (cl == 1) {
-        kern<<<grid, C::THREADS, C::SMEM, st>>>(a);
-        return cudaGetLastError();
-    }
-    LaunchCfg c;
-    launch_cfg<C>(c, grid, cl, st);
-    return cudaLaunchKernelEx(&c.cfg, kern, a);
+    kern<<<grid, C::THREADS, C::SMEM, st>>>(a);
+    return cudaGetLastError();
 }
 
 /* bring-up switches until the GPU has chosen: FLASHATTN_SM90_<name>=<one of vals> (index),
@@ -152,9 +99,6 @@ int env_choice(const char *name, const char *const *vals, int n) {
  *   FLASHATTN_SM90_LAZY=<0..8>    softmax rescale threshold, log2 units (0: every increase)
  *   FLASHATTN_SM90_L2MB=<MB>      L2 budget of a tile group's K/V (default 12; 0: one pair)
  *   FLASHATTN_SM90_TILES=auto|short|long   the tiling (Tiles; auto: long_tiles's choice)
- *   FLASHATTN_SM90_CLUSTER=1|2    blocks in clusters of two that share their K/V tiles (the
- *       EXPT 46 build, d 128/256, no mask, no varlen, an even number of query blocks; the
- *       static order)
  *   FLASHATTN_SM90_GRID=persistent|tiles|static|dynamic|<n>   persistent (default): one block
  *       per SM looping over the tiles, in the dynamic order where tiles differ in length
  *       (masks, varlen), are short (at most 512 keys) or have several Q buffers (it needs
@@ -163,7 +107,7 @@ int env_choice(const char *name, const char *const *vals, int n) {
  *       every block takes several tiles)
  */
 struct Switches {
-    int sched, cross, o_tma, q_early, kv_first, align_end, gmode, blocks, tiles, cluster;
+    int sched, cross, o_tma, q_early, kv_first, align_end, gmode, blocks, tiles;
     float lazy;
     double l2mb;
 };
@@ -192,8 +136,6 @@ Switches switches() {
     w.tiles = env_choice("FLASHATTN_SM90_TILES", tiles_vals, 3);
     const char *g = getenv("FLASHATTN_SM90_GRID");
     w.blocks = g && atoi(g) > 0 ? atoi(g) : 0;
-    static const char *const cluster_vals[] = {"1", "2"};
-    w.cluster = 1 + env_choice("FLASHATTN_SM90_CLUSTER", cluster_vals, 2);
     return w;
 }
 
@@ -276,10 +218,6 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.heads = (int)p->heads_q;
     a.batch = (int)p->batch;
     a.mblocks = (int)((p->seqlen_q + BM - 1) / BM);
-    const bool masked_or_varlen = masked || p->cu_q;
-    const bool can_cluster = with_cfg(D, lng, [](auto c) { return has_cluster<decltype(c)>(); });
-    const int cl = sw.cluster == 2 && can_cluster && !masked_or_varlen && a.mblocks % 2 == 0 ? 2 : 1;
-    a.mblocks /= cl; /* tile_of: groups of cl query blocks */
     const int64_t tiles = (int64_t)a.mblocks * a.heads * a.batch;
     const double kv_bytes = 4.0 * (double)p->seqlen_k * (double)D / (double)p->group;
     const double fit = sw.l2mb * 1024 * 1024 / (kv_bytes > 1 ? kv_bytes : 1);
@@ -312,22 +250,10 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
        2048/4096 level; the one-Q-buffer d 256 2048/4096 -1%:
        results/2026-11-25-h100-sm90-align.md) */
     const int nq = with_cfg(D, lng, [](auto c) { return decltype(c)::NQ; });
-    const bool dynamic = cl == 1 && l->ws && l->ws_bytes >= 4 &&
+    const bool dynamic = l->ws && l->ws_bytes >= 4 &&
                          (gmode == 3 || (gmode == 0 && (uneven || p->seqlen_k <= 512 || nq >= 2)));
-    int blocks = sw.blocks > 0 ? sw.blocks : l->num_sms > 0 ? l->num_sms : 1;
-    if (cl > 1) { /* in clusters: as many as fit at once */
-        const int fit = with_cfg(D, lng, [&](auto c) {
-            return p->dtype == FA_DTYPE_BF16 ? max_clusters<__nv_bfloat16, decltype(c)>(sched, cl)
-                                             : max_clusters<__half, decltype(c)>(sched, cl);
-        });
-        blocks = blocks / cl < fit ? blocks / cl : fit;
-        if (blocks < 1) {
-            snprintf(l->msg, sizeof l->msg, "the sm90 forward: no cluster of %d blocks fits", cl);
-            return FA_ERR_CUDA;
-        }
-    }
-    /* grid: in blocks (cl per tile) */
-    const int grid = cl * (gmode != 1 && a.tiles > blocks ? blocks : a.tiles);
+    const int blocks = sw.blocks > 0 ? sw.blocks : l->num_sms > 0 ? l->num_sms : 1;
+    const int grid = gmode != 1 && a.tiles > blocks ? blocks : a.tiles;
     static const char *const sched_name[] = {"", "_pingpong"};
     const cudaStream_t st = (cudaStream_t)l->stream;
     cudaError_t e = cudaSuccess;
@@ -337,15 +263,15 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     }
     if (e == cudaSuccess && a.tiles > 0)
         e = with_cfg(D, lng, [&](auto c) {
-            return p->dtype == FA_DTYPE_BF16 ? launch<__nv_bfloat16, decltype(c)>(a, sched, grid, cl, st)
-                                             : launch<__half, decltype(c)>(a, sched, grid, cl, st);
+            return p->dtype == FA_DTYPE_BF16 ? launch<__nv_bfloat16, decltype(c)>(a, sched, grid, st)
+                                             : launch<__half, decltype(c)>(a, sched, grid, st);
         });
 #ifdef FA_SM90_TRACE
     if (e == cudaSuccess) trace_dump(st);
 #endif
-    snprintf(l->kernel, sizeof l->kernel, "sm90_fwd_d%d_%s%s_%dx%d%s%s%s", D,
+    snprintf(l->kernel, sizeof l->kernel, "sm90_fwd_d%d_%s%s_%dx%d%s%s", D,
              fa_dtype_name(p->dtype), fa_cuda_mask_name(p), BM, BN, sched_name[sched],
-             cl > 1 ? "_cluster2" : "", grid == cl * a.tiles ? "" : a.counter ? "_dynamic" : "_static");
+             grid == a.tiles ? "" : a.counter ? "_dynamic" : "_static");
     l->tile_q = BM;
     l->tile_k = BN;
     l->threads = with_cfg(D, lng, [](auto c) { return decltype(c)::THREADS; });

@@ -191,16 +191,14 @@ __device__ __forceinline__ int hi_of(const Args &a, const Tile &w, int i) {
  * hardware, or in strides of the grid by the persistent launch) share K/V through the L2 and
  * start with the longest work. False: the block lies past its (varlen) sequence.
  */
-template <typename C, int CL = 1>
+template <typename C>
 __device__ __forceinline__ bool tile_of(const Args &a, int t, Tile &w) {
     constexpr int BM = C::BM, BN = C::BN;
     const int grp = a.div_group.div(t), r = t - grp * (int)a.div_group.d;
     const bool last = (grp + 1) * a.group_hb >= a.heads * a.batch; /* it may be smaller */
     const FastDiv &by_gsz = last ? a.div_gsz_last : a.div_gsz;
     const int rq = by_gsz.div(r);
-    /* in a cluster of CL, a.mblocks counts groups of CL query blocks, one each per CTA */
-    const int m_block = (a.mblocks - 1 - rq) * CL + (CL > 1 ? (int)cluster_rank() : 0);
-    const int hb = grp * a.group_hb + (r - rq * (int)by_gsz.d);
+    const int m_block = a.mblocks - 1 - rq, hb = grp * a.group_hb + (r - rq * (int)by_gsz.d);
     w.b = a.div_heads.div(hb);
     w.h = hb - w.b * a.heads;
     w.q0 = 0, w.k0 = 0, w.sq = a.seqlen_q, w.sk = a.seqlen_k, w.bt = w.b, w.bo = w.b;
@@ -228,7 +226,7 @@ __device__ __forceinline__ bool tile_of(const Args &a, int t, Tile &w) {
     return true;
 }
 
-template <typename T, typename C, int SCHED, int CL = 1>
+template <typename T, typename C, int SCHED>
 __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_constant__ Args a) {
 #ifdef FA_SM90A_DEVICE
     constexpr int D = C::D, BN = C::BN, STAGES = C::STAGES, NQ = C::NQ, PANELS = C::PANELS;
@@ -251,12 +249,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                bar_kfull, bar_vfull, bar_kempty, bar_vempty);
 #endif
     const int tid = threadIdx.x, wg = tid / 128;
-    /* CL 2: a cluster of two blocks takes the same key tiles for two query blocks of a pair,
-       and each block's producer loads half the panels of every K/V tile into both (multicast):
-       a slot is free once the consumers of both blocks are done with it (their own threads,
-       and one arrival per warp of the other block's) */
-    static_assert(CL == 1 || (CL == 2 && PANELS % 2 == 0), "clusters of 2 split the K/V panels");
-    const uint32_t rank = CL > 1 ? cluster_rank() : 0;
 
     if (tid == 0) {
         for (int q = 0; q < NQ; q++) {
@@ -266,15 +258,12 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         for (int s = 0; s < STAGES; s++) {
             mbar_init(bar_kfull + 8 * s, 1);
             mbar_init(bar_vfull + 8 * s, 1);
-            mbar_init(bar_kempty + 8 * s, C::CTHREADS + (CL - 1) * NC * 4);
-            mbar_init(bar_vempty + 8 * s, C::CTHREADS + (CL - 1) * NC * 4);
+            mbar_init(bar_kempty + 8 * s, C::CTHREADS);
+            mbar_init(bar_vempty + 8 * s, C::CTHREADS);
         }
         mbar_init_fence();
     }
-    if (CL > 1)
-        cluster_sync(); /* the other block's barriers are ready before any arrival or copy */
-    else
-        __syncthreads();
+    __syncthreads();
     Tile w;
     Tracer tr;
 
@@ -288,11 +277,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         regs_dec<C::REG_P>();
         tr.init(0, tid == 0);
         if (tid == 0) {
-            /* the ring position (key tiles so far); a cluster takes tiles as one block */
-            int pos = 0, tc = 0, t = blockIdx.x / CL;
+            int pos = 0, tc = 0, t = blockIdx.x; /* the ring position (key tiles so far) */
             auto next = [&](int t) {
-                return a.counter ? atomicAdd(a.counter, 1) + (int)gridDim.x
-                                 : t + (int)gridDim.x / CL;
+                return a.counter ? atomicAdd(a.counter, 1) + (int)gridDim.x : t + (int)gridDim.x;
             };
             /* the Q of the tile-th work tile (t, w: false when none is left) into buffer tc % NQ,
                once the consumers have given it back */
@@ -314,7 +301,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                                   x * 64, w.h, w.q0 + w.row0 + 64 * c, w.bt);
             };
             auto find = [&](int t, Tile &x) {
-                while (t < a.tiles && !tile_of<C, CL>(a, t, x)) t = next(t);
+                while (t < a.tiles && !tile_of<C>(a, t, x)) t = next(t);
                 return t;
             };
             /* key tile tok.. of kv head hk into ring position pos of the K (or V) ring at off,
@@ -330,14 +317,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 }
                 mbar_expect_tx(full + 8 * s, KV_TILE);
 #pragma unroll 1
-                for (int x = 0; x < PANELS; x++) {
-                    if (CL == 1)
-                        tma_load4(base + off + s * KV_TILE + x * KV_PANEL, map, full + 8 * s,
-                                  x * 64, hk, tok, bt);
-                    else if (x % CL == (int)rank)
-                        tma_load4_multicast(base + off + s * KV_TILE + x * KV_PANEL, map,
-                                            full + 8 * s, x * 64, hk, tok, bt, (1u << CL) - 1);
-                }
+                for (int x = 0; x < PANELS; x++)
+                    tma_load4(base + off + s * KV_TILE + x * KV_PANEL, map, full + 8 * s, x * 64,
+                              hk, tok, bt);
             };
             t = find(t, w);
             load_q(0, t, w);
@@ -380,15 +362,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 }
                 t = tn;
             }
-            /* the other block's consumers arrive on this block's barriers up to their last
-               key tile: this block stays until every slot has been given back by both */
-            if (CL > 1)
-#pragma unroll 1
-                for (int i = 0; i < STAGES; i++) {
-                    const uint32_t par = ((uint32_t)((pos + i) / STAGES) & 1u) ^ 1u;
-                    mbar_wait(bar_kempty + 8 * ((pos + i) % STAGES), par);
-                    mbar_wait(bar_vempty + 8 * ((pos + i) % STAGES), par);
-                }
             tr(TR_DONE);
             tr.finish();
         }
@@ -591,19 +564,13 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         mbar_wait(bar_vfull + 8 * slot(pos), phase(pos));
         clear_tail(pos, key0(it));
     };
-    auto free_k = [&](int pos) {
-        mbar_arrive(bar_kempty + 8 * slot(pos));
-        if (CL > 1 && lane == 0) mbar_arrive_cluster(bar_kempty + 8 * slot(pos), rank ^ 1u);
-    };
+    auto free_k = [&](int pos) { mbar_arrive(bar_kempty + 8 * slot(pos)); };
     /* trace builds: whether K at ring position pk and V at pv had landed before their waits */
     auto probe = [&](int pk, int pv) {
         return mbar_done(bar_kfull + 8 * slot(pk), phase(pk)) |
                2 * mbar_done(bar_vfull + 8 * slot(pv), phase(pv));
     };
-    auto free_v = [&](int pos) {
-        mbar_arrive(bar_vempty + 8 * slot(pos));
-        if (CL > 1 && lane == 0) mbar_arrive_cluster(bar_vempty + 8 * slot(pos), rank ^ 1u);
-    };
+    auto free_v = [&](int pos) { mbar_arrive(bar_vempty + 8 * slot(pos)); };
     /* The wait for the pending P V after a softmax. ptxas hoists a plain wait above the
        softmax (the wait reads no register), so the softmax no longer runs under P V;
        wg_wait_after keeps it below (the row sums need every exponential). That pays where
@@ -793,7 +760,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     bool keys = true; /* whether the tile fetched last sees any key */
     int t = fetch(sQ, qempty, keys);
     bool primed = false;
-    if (t >= 0) tile_of<C, CL>(a, t, w); /* true: the producer passed it */
+    if (t >= 0) tile_of<C>(a, t, w); /* true: the producer passed it */
     while (t >= 0) {
         const int nt = w.ntiles;
         if (!primed) {
@@ -804,7 +771,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 q_done(w, qempty);
                 store(out_of(w), by_tma(w), m, l, sQ, qempty);
                 t = fetch(sQ, qempty, keys);
-                if (t >= 0) tile_of<C, CL>(a, t, w);
+                if (t >= 0) tile_of<C>(a, t, w);
                 continue;
             }
             wait_k(ring);
@@ -884,7 +851,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 tr(TR_B_STORED);
             }
             t = fetch(sQn, qempty_n, keys);
-            if (EXPT == 13 && t >= 0) tile_of<C, CL>(a, t, wn);
+            if (EXPT == 13 && t >= 0) tile_of<C>(a, t, wn);
             if (a.cross && t >= 0 && keys) { /* keys: tile_of can wait until S is issued */
                 wait_k(last + 1);
                 tr(TR_B_READY);
@@ -894,7 +861,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 issue_s(sc, k_smem(last + 1));
                 your_turn();
                 tr(TR_B_ISSUED);
-                if (EXPT != 13) tile_of<C, CL>(a, t, wn); /* under the products */
+                if (EXPT != 13) tile_of<C>(a, t, wn); /* under the products */
                 tr(TR_B_TILE);
                 if (!STORE_FIRST) {
                     wg_wait<1>(); /* P V done; the S may still run */
@@ -920,7 +887,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 tr(TR_B_END);
                 primed = true;
             } else {
-                if (EXPT != 13 && t >= 0) tile_of<C, CL>(a, t, wn);
+                if (EXPT != 13 && t >= 0) tile_of<C>(a, t, wn);
                 if (!STORE_FIRST) {
                     wg_wait<0>();
                     wg_pin(o);
@@ -940,7 +907,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         t = fetch(sQn, qempty_n, keys);
         /* worked out before the products here: under them (as with one Q buffer) measured
            1-3% slower on most d 64/128 rows (results/2026-11-25-h100-sm90-store.md) */
-        if (t >= 0) tile_of<C, CL>(a, t, wn);
+        if (t >= 0) tile_of<C>(a, t, wn);
         tr(TR_B_TILE);
         if (a.cross && t >= 0 && keys) {
             /* the next tile's first S with this tile's last P V */

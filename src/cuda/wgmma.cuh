@@ -88,38 +88,6 @@ __device__ __forceinline__ void tma_load4(uint32_t dst, const CUtensorMap *map, 
         : "memory");
 }
 
-/* the same box into the same shared offset of every CTA of the cluster named in `mask`, each
-   CTA's barrier at `bar` taking the bytes that land in it */
-__device__ __forceinline__ void tma_load4_multicast(uint32_t dst, const CUtensorMap *map, uint32_t bar,
-                                                   int c0, int c1, int c2, int c3, uint16_t mask) {
-    asm volatile(
-        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-        " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
-        "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "h"(mask)
-        : "memory");
-}
-
-/* ---- thread block clusters ---- */
-
-/* this CTA's rank in its cluster */
-__device__ __forceinline__ uint32_t cluster_rank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-/* every thread of every CTA of the cluster (all threads of each warp together) */
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n"
-                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-/* one arrival on the barrier at shared offset `bar` of CTA `rank` of the cluster */
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
-    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
-                 "r"(rank)
-                 : "memory");
-}
-
 /* ---- bulk copy of `bytes` contiguous bytes (16-byte aligned, a multiple of 16) ---- */
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
     asm volatile(
