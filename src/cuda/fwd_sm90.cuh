@@ -58,8 +58,8 @@ namespace sm90 {
    loop's softmax without the running-max path (AT_MAX), 12 O into the Q buffer by 4-byte
    stores and one copy per warpgroup (O_ROWS 64), 13 with one Q buffer the hand-over works
    out the next tile (tile_of) before its first S instead of under it, 17 at d 256 O stored
-   under the next tile's first S instead of while its Q is awaited (STORE_FIRST), 48 block b
-   starts (b mod 4) x FLASHATTN_SM90_STAGGER ns late. 0 (the default) is the kernel. */
+   under the next tile's first S instead of while its Q is awaited (STORE_FIRST).
+   0 (the default) is the kernel. */
 #ifndef FA_SM90_EXPT
 #define FA_SM90_EXPT 0
 #endif
@@ -154,7 +154,6 @@ struct Args {
     int align_end; /* a sequence's query blocks end at its last row (tile_of) */
     float lazy;   /* the running max moves only when it grows by more than this (log2) */
     ScoreMods m; /* windows (causal: right window 0, bottom-right), scale, softcap, ALiBi */
-    int stagger; /* EXPT 48: block b starts (b mod 4) x this many ns late */
 };
 
 /* consumer schedules (schedule_of in fwd_sm90.cu; FLASHATTN_SM90_SCHEDULE overrides) */
@@ -322,9 +321,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                     tma_load4(base + off + s * KV_TILE + x * KV_PANEL, map, full + 8 * s, x * 64,
                               hk, tok, bt);
             };
-            /* EXPT 48: block b starts (b mod 4) x stagger ns late, so that the blocks'
-               hand-overs (the next Q from DRAM, O out) fall into four bursts instead of one */
-            if (EXPT == 48 && a.stagger > 0) __nanosleep((unsigned)a.stagger * (blockIdx.x & 3u));
             t = find(t, w);
             load_q(0, t, w);
             /* The next tile's Q goes out early in this one, so that its latency hides behind
