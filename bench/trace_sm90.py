@@ -11,7 +11,9 @@ the traced blocks' consumers):
     the whole run (the block's cycles between its first and last events);
   - the producer: how long its slot waits hold it;
   - how much of a consumer's key-loop softmax runs while another consumer of its block is in
-    its own (consumers in step: near 100%; taking turns around the products: near 0).
+    its own (consumers in step: near 100%; taking turns around the products: near 0);
+  - the next tile's Q: how long after the tile's last loop event the producer issued it, and
+    how long it took to land where a consumer was waiting for it.
 
 Plain Python (no numpy): usage  trace_sm90.py FILE
 """
@@ -88,6 +90,43 @@ def print_softmax_overlap(runs):
     if total:
         print(f"softmax overlap: {100 * inside / total:.0f}% of the consumers' key-loop softmax "
               f"time runs while another consumer of the block is in its own")
+
+
+def print_q_latency(runs):
+    """The next tile's Q: when the producer issued it (P_Q, after its Q-empty wait) against the
+    consumers' last key-loop event before they gave the buffer back (an upper bound on the
+    release with one Q buffer, which goes back right after the loop), and when it landed where
+    a consumer was already waiting for it (FETCH after a wait of more than 200 cycles)."""
+    rel_issue, issue_land, waits = [], [], []
+    for (b, r), (pev, _) in runs.items():
+        if r != 0:
+            continue
+        issued = {e[1]: e[2] for e in pev if e[0] == 21}
+        cons = [evs for (b2, r2), (evs, _) in runs.items() if b2 == b and r2 != 0]
+        last_loop = {}  # tile count k -> the latest loop event of tile k - 1 over the consumers
+        for evs in cons:
+            k = -1
+            prev = None
+            for x in evs:
+                if x[0] == 1:  # FETCH: tile k + 1 begins
+                    k += 1
+                    if k >= 1 and prev is not None:
+                        last_loop[k] = max(last_loop.get(k, prev), prev)
+                    if k >= 1 and k in issued:
+                        w = x[2] - before[2]
+                        waits.append(w)
+                        if w > 200:
+                            issue_land.append(x[2] - issued[k])
+                    prev = None
+                elif x[0] in (5, 6):
+                    prev = x[2]
+                before = x
+        rel_issue += [issued[k] - t for k, t in last_loop.items() if k in issued]
+    if waits:
+        print(f"next Q: issued {med(rel_issue):.0f} cycles after the tile's last loop event "
+              f"(n {len(rel_issue)}); landed {med(issue_land):.0f} cycles after its issue where a "
+              f"consumer waited for it (n {len(issue_land)} of {len(waits)}); the consumers' wait "
+              f"before FETCH: median {med(waits):.0f}")
 
 
 def main():
@@ -173,6 +212,7 @@ def main():
                 print(f"   ITER->READY with data missing: median {med(waits_late):.0f} (n {len(waits_late)}), "
                       f"with both there: {med(waits_ok):.0f} (n {len(waits_ok)})")
     print_softmax_overlap(runs)
+    print_q_latency(runs)
     for (b, r), (evs, _) in sorted(runs.items()):
         if r != 0:
             continue
