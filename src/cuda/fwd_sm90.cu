@@ -238,8 +238,6 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.kv_first = sw.kv_first;
     a.align_end = sw.align_end;
     a.lazy = sw.lazy;
-    const char *qpf = getenv("FLASHATTN_SM90_QPF"); /* EXPT 49 builds only */
-    a.qpf = qpf ? atoi(qpf) : 0;
     /* the ping-pong turns are written for two consumers */
     const bool uneven = a.m.win_left >= 0 || a.m.win_right >= 0 || p->cu_q;
     const int sched = BM != 128 ? (int)OVERLAP : sw.sched >= 0 ? sw.sched : schedule_of(p, uneven);

@@ -58,9 +58,8 @@ namespace sm90 {
    loop's softmax without the running-max path (AT_MAX), 12 O into the Q buffer by 4-byte
    stores and one copy per warpgroup (O_ROWS 64), 13 with one Q buffer the hand-over works
    out the next tile (tile_of) before its first S instead of under it, 17 at d 256 O stored
-   under the next tile's first S instead of while its Q is awaited (STORE_FIRST), 49 with one
-   Q buffer the next Q into the L2 FLASHATTN_SM90_QPF key tiles early. 0 (the default) is the
-   kernel. */
+   under the next tile's first S instead of while its Q is awaited (STORE_FIRST).
+   0 (the default) is the kernel. */
 #ifndef FA_SM90_EXPT
 #define FA_SM90_EXPT 0
 #endif
@@ -155,8 +154,6 @@ struct Args {
     int align_end; /* a sequence's query blocks end at its last row (tile_of) */
     float lazy;   /* the running max moves only when it grows by more than this (log2) */
     ScoreMods m; /* windows (causal: right window 0, bottom-right), scale, softcap, ALiBi */
-    int qpf; /* EXPT 49: with one Q buffer, the next tile's Q into the L2 this many key tiles
-                before the tile's last (FLASHATTN_SM90_QPF; 0: not) */
 };
 
 /* consumer schedules (schedule_of in fwd_sm90.cu; FLASHATTN_SM90_SCHEDULE overrides) */
@@ -342,12 +339,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 const int nt = w.ntiles, hk = w.h / a.group, t_first = w.t_first;
                 const int k0 = w.k0, bt = w.bt;
                 const int q_at = NQ < 2 || !a.q_early ? nt - 1 : NQ == 2 ? min(2, nt - 1) : 0;
-                /* EXPT 49: with one Q buffer the next tile is found a.qpf key tiles before the
-                   last and its Q brought into the L2 then, so that the load at the end (issued
-                   only once the buffer comes back) finds it there: at d 256 512 that load took
-                   ~7300 cycles from DRAM (results/2026-11-27-h100-sm90-trace-q.md) */
-                const int pf_at = EXPT == 49 && NQ == 1 && a.qpf > 0 ? max(0, nt - 1 - a.qpf) : -1;
-                bool found = false;
                 int tn = 0;
                 if (nt == 0) {
                     tn = find(next(t), w);
@@ -362,18 +353,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
 #pragma unroll 1
                 for (int it = 0; it < nt; it++) {
                     if (it >= first) load_pair(hk, k0 + (t_first + nt - 1 - it) * BN, bt);
-                    if (it == pf_at) {
-                        tn = find(next(t), w);
-                        found = true;
-                        if (tn < a.tiles)
-#pragma unroll 1
-                            for (int c = 0; c < NC; c++)
-#pragma unroll 1
-                                for (int x = 0; x < PANELS; x++)
-                                    tma_prefetch4(&a.tq, x * 64, w.h, w.q0 + w.row0 + 64 * c, w.bt);
-                    }
                     if (it == q_at) { /* w becomes the next tile */
-                        if (!found) tn = find(next(t), w);
+                        tn = find(next(t), w);
                         first = KV_FIRST && a.kv_first && tn < a.tiles && w.ntiles > 0;
                         if (first) load_pair(w.h / a.group, w.k0 + (w.t_first + w.ntiles - 1) * BN, w.bt);
                         load_q(tc + 1, tn, w);

@@ -88,14 +88,6 @@ __device__ __forceinline__ void tma_load4(uint32_t dst, const CUtensorMap *map, 
         : "memory");
 }
 
-/* the same box brought into the L2 only (no shared memory, no barrier) */
-__device__ __forceinline__ void tma_prefetch4(const CUtensorMap *map, int c0, int c1, int c2, int c3) {
-    asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(
-                     (uint64_t)map),
-                 "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-                 : "memory");
-}
-
 /* ---- bulk copy of `bytes` contiguous bytes (16-byte aligned, a multiple of 16) ---- */
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
     asm volatile(
