@@ -122,7 +122,10 @@ def print_q_latency(runs):
                     prev = x[2]
                 before = x
         rel_issue += [issued[k] - t for k, t in last_loop.items() if k in issued]
-    if waits:
+    if rel_issue and med(rel_issue) < 0:
+        print("next Q: issued before the tile's last loop event (two or more Q buffers: the "
+              "next Q is asked for early in the tile), so its load time is not read here")
+    elif waits:
         print(f"next Q: issued {med(rel_issue):.0f} cycles after the tile's last loop event "
               f"(n {len(rel_issue)}); landed {med(issue_land):.0f} cycles after its issue where a "
               f"consumer waited for it (n {len(issue_land)} of {len(waits)}); the consumers' wait "
