@@ -9,8 +9,10 @@
 #
 # Environment: SHAPES, space-separated D:N:CAUSAL (default "128:512:0 128:512:1 64:512:1
 # 128:16384:0"), at 16384 tokens and model dim 2048 as the sweep; IMPLS (default "cudnn flash
-# ours"); ENVS (variables for our side, e.g. FLASHATTN_SM90_D64=2).
-# Files back: launches.md (one row per kernel launch profiled), ncu_*.csv.
+# ours"); ENVS (variables for our side, e.g. FLASHATTN_SM90_D64=2); SASS=1 adds the
+# per-instruction counters and writes each run's SASS with them (sass_*.csv: the peers' kernels'
+# instruction shapes and order, e.g. their wgmma widths). Without "ours" nothing is built.
+# Files back: launches.md (one row per kernel launch profiled), ncu_*.csv, sass_*.csv.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/fa-out}
@@ -18,9 +20,10 @@ BUILD=${BUILD:-build-gpu}
 SHAPES=${SHAPES:-128:512:0 128:512:1 64:512:1 128:16384:0}
 IMPLS=${IMPLS:-cudnn flash ours}
 mkdir -p "$OUT"
-. bench/device_build.sh
+case " $IMPLS " in *" ours "*) . bench/device_build.sh ;; esac
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 SECTIONS="--section LaunchStats --section SpeedOfLight --section Occupancy"
+[ "${SASS:-0}" = 1 ] && SECTIONS="$SECTIONS --section SourceCounters"
 for shape in $SHAPES; do
   IFS=: read -r d n c <<<"$shape"
   b=$((16384 / n)) h=$((2048 / d))
@@ -36,13 +39,19 @@ for shape in $SHAPES; do
         --op fwd --warmup 2 --reps 3 --max-time 0 --no-peak >"/tmp/ncu_$tag.log" 2>&1
     else
       # every kernel of the last timed calls: the attention kernel is picked out by name below
+      # (SASS=1: the attention kernel's third launch alone)
+      sel="--launch-skip 0 --launch-count 16"
+      [ "${SASS:-0}" = 1 ] && sel="-k regex:fprop|flash_fwd --launch-skip 2 --launch-count 1"
+      # shellcheck disable=SC2086
       timeout -k 5 150 "$NCU" --clock-control none \
-        --launch-skip 0 --launch-count 16 $SECTIONS -f -o "/tmp/p_$tag" python3 bench/peers.py \
+        $sel $SECTIONS -f -o "/tmp/p_$tag" python3 bench/peers.py \
         --impls "$impl" --ops fwd --head-dim "$d" --seqlens "$n" --masks "$mask" --warmup 3 \
         --reps 3 --max-time 0 --min-time 0 --rotate 0 >"/tmp/ncu_$tag.log" 2>&1
     fi
     echo "ncu $tag: exit $?"
     "$NCU" --import "/tmp/p_$tag.ncu-rep" --page details --csv >"$OUT/ncu_$tag.csv" 2>&1
+    [ "${SASS:-0}" = 1 ] && "$NCU" --import "/tmp/p_$tag.ncu-rep" --page source --csv \
+      --print-source sass >"$OUT/sass_$tag.csv" 2>&1
   done
 done
 python3 - "$OUT" <<'PY' | tee "$OUT/launches.md"

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "fwd_sm90.cuh"
+#include "fwd_sm90_serial.cuh"
 #include "tma_map.cuh"
 
 namespace fa {
@@ -32,6 +33,17 @@ bool long_tiles(const fa_problem *p, int D, int choice, bool masked) {
     if (D == 64) return p->seqlen_k >= (masked ? 4096 : 2048);
     if (D == 256) return !(masked && p->seqlen_k <= 512);
     return D == 128 && p->seqlen_k >= 8192;
+}
+
+/* Whether the series kernel (fwd_sm90_serial.cuh) takes p: it serves d 256 without varlen,
+   softcap or ALiBi, and stores O by the copy engine only (o_map: O's strides allow a map).
+   By default it takes up to 2048 keys unmasked and 4096 masked, where the GPU runs found it
+   faster than the overlapped kernel's 80-key tiles (bench/NOTES.md; those win beyond);
+   choice 1 forces it wherever it serves, 2 keeps the overlapped kernel. */
+bool serial_for(const fa_problem *p, int D, int choice, bool masked, bool o_map) {
+    const bool serves = D == 256 && !p->cu_q && !(p->softcap > 0.f) && !p->alibi && o_map;
+    if (!serves || choice == 2) return false;
+    return choice == 1 || p->seqlen_k <= (masked ? 4096 : 2048);
 }
 
 /* The consumer schedule of a two-consumer tiling where FLASHATTN_SM90_SCHEDULE leaves it to the
@@ -65,15 +77,24 @@ const char *refusal(const fa_problem *p, const fa_cuda_launch *l) {
     return NULL;
 }
 
-template <typename T, typename C>
-cudaError_t launch(const Args &a, int sched, int grid, cudaStream_t st) {
-    auto kern = sched == PINGPONG && C::NC == 2 ? fwd_sm90_kernel<T, C, PINGPONG>
-                                                : fwd_sm90_kernel<T, C, OVERLAP>;
+/* kern (a kernel of tiling C) on grid blocks */
+template <typename C, typename K>
+cudaError_t launch_kernel(K kern, const Args &a, int grid, cudaStream_t st) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)C::SMEM);
     if (e != cudaSuccess) return e;
     kern<<<grid, C::THREADS, C::SMEM, st>>>(a);
     return cudaGetLastError();
+}
+template <typename T, typename C>
+cudaError_t launch(const Args &a, int sched, int grid, cudaStream_t st) {
+    auto kern = sched == PINGPONG && C::NC == 2 ? fwd_sm90_kernel<T, C, PINGPONG>
+                                                : fwd_sm90_kernel<T, C, OVERLAP>;
+    return launch_kernel<C>(kern, a, grid, st);
+}
+/* f(C{}) for the tiling that runs p: the series kernel's or Tiles<D>'s */
+template <typename F> auto with_tiling(bool serial, int D, bool lng, F f) {
+    return serial ? f(Serial256{}) : with_cfg(D, lng, f);
 }
 
 /* bring-up switches until the GPU has chosen: FLASHATTN_SM90_<name>=<one of vals> (index),
@@ -99,6 +120,8 @@ int env_choice(const char *name, const char *const *vals, int n) {
  *   FLASHATTN_SM90_LAZY=<0..8>    softmax rescale threshold, log2 units (0: every increase)
  *   FLASHATTN_SM90_L2MB=<MB>      L2 budget of a tile group's K/V (default 12; 0: one pair)
  *   FLASHATTN_SM90_TILES=auto|short|long   the tiling (Tiles; auto: long_tiles's choice)
+ *   FLASHATTN_SM90_SERIAL=auto|1|0   d 256 by the series kernel (fwd_sm90_serial.cuh) wherever
+ *       it serves the problem (1), by the overlapped one (0), or as serial_for picks (auto)
  *   FLASHATTN_SM90_GRID=persistent|tiles|static|dynamic|<n>   persistent (default): one block
  *       per SM looping over the tiles, in the dynamic order where tiles differ in length
  *       (masks, varlen), are short (at most 512 keys) or have several Q buffers (it needs
@@ -107,7 +130,7 @@ int env_choice(const char *name, const char *const *vals, int n) {
  *       every block takes several tiles)
  */
 struct Switches {
-    int sched, cross, o_tma, q_early, kv_first, align_end, gmode, blocks, tiles;
+    int sched, cross, o_tma, q_early, kv_first, align_end, gmode, blocks, tiles, serial;
     float lazy;
     double l2mb;
 };
@@ -134,6 +157,8 @@ Switches switches() {
     w.gmode = env_choice("FLASHATTN_SM90_GRID", grid_vals, 4);
     static const char *const tiles_vals[] = {"auto", "short", "long"};
     w.tiles = env_choice("FLASHATTN_SM90_TILES", tiles_vals, 3);
+    static const char *const serial_vals[] = {"auto", "1", "0"};
+    w.serial = env_choice("FLASHATTN_SM90_SERIAL", serial_vals, 3);
     const char *g = getenv("FLASHATTN_SM90_GRID");
     w.blocks = g && atoi(g) > 0 ? atoi(g) : 0;
     return w;
@@ -178,20 +203,23 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     const int D = kernel_dim(p->d);
     const bool masked = p->win_left >= 0 || p->win_right >= 0;
     const bool lng = long_tiles(p, D, sw.tiles, masked);
-    const int BN = with_cfg(D, lng, [](auto c) { return decltype(c)::BN; });
-    const int BM = with_cfg(D, lng, [](auto c) { return decltype(c)::BM; });
-    const size_t smem = with_cfg(D, lng, [](auto c) { return decltype(c)::SMEM; });
+    /* varlen: one sequence of all the tokens, batch 1 */
+    const int64_t nb = p->cu_q ? 1 : p->batch;
+    const int64_t tq = p->cu_q ? p->total_q : p->seqlen_q, tk = p->cu_q ? p->total_k : p->seqlen_k;
+    Args a;
+    memset(&a, 0, sizeof a);
+    /* O through the copy engine where its strides allow a map (else the threads store it) */
+    a.o_tma = sw.o_tma && make_map(&a.to, &p->o, p->dtype, D, p->heads_q, tq, nb, O_ROWS) == CUDA_SUCCESS;
+    const bool serial = serial_for(p, D, sw.serial, masked, a.o_tma);
+    const int BN = with_tiling(serial, D, lng, [](auto c) { return decltype(c)::BN; });
+    const int BM = with_tiling(serial, D, lng, [](auto c) { return decltype(c)::BM; });
+    const size_t smem = with_tiling(serial, D, lng, [](auto c) { return decltype(c)::SMEM; });
     if (smem > (size_t)l->smem_optin) {
         snprintf(l->msg, sizeof l->msg,
                  "the sm90 forward's %dx%d tiling needs %zu bytes of shared memory per block, "
                  "the GPU gives %zu", BM, BN, smem, (size_t)l->smem_optin);
         return FA_ERR_UNSUPPORTED;
     }
-    Args a;
-    memset(&a, 0, sizeof a);
-    /* varlen: one sequence of all the tokens, batch 1 */
-    const int64_t nb = p->cu_q ? 1 : p->batch;
-    const int64_t tq = p->cu_q ? p->total_q : p->seqlen_q, tk = p->cu_q ? p->total_k : p->seqlen_k;
     CUresult r = make_map(&a.tq, &p->q, p->dtype, D, p->heads_q, tq, nb, 64);
     if (r == CUDA_SUCCESS) r = make_map(&a.tk, &p->k, p->dtype, D, p->heads_kv, tk, nb, BN);
     if (r == CUDA_SUCCESS) r = make_map(&a.tv, &p->v, p->dtype, D, p->heads_kv, tk, nb, BN);
@@ -200,8 +228,6 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
                  "the sm90 forward does not take these strides (tensor map error %d)", (int)r);
         return FA_ERR_UNSUPPORTED;
     }
-    /* O through the copy engine where its strides allow a map (else the threads store it) */
-    a.o_tma = sw.o_tma && make_map(&a.to, &p->o, p->dtype, D, p->heads_q, tq, nb, O_ROWS) == CUDA_SUCCESS;
     a.o = p->o.data;
     a.lse = (float *)p->lse;
     a.o_sb = p->o.sb, a.o_st = p->o.st, a.o_sh = p->o.sh;
@@ -236,11 +262,12 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.cross = sw.cross;
     a.q_early = sw.q_early;
     a.kv_first = sw.kv_first;
-    a.align_end = sw.align_end;
+    a.align_end = sw.align_end && !serial; /* the series kernel's O copies start at row 0 */
     a.lazy = sw.lazy;
     /* the ping-pong turns are written for two consumers */
     const bool uneven = a.m.win_left >= 0 || a.m.win_right >= 0 || p->cu_q;
-    const int sched = BM != 128 ? (int)OVERLAP : sw.sched >= 0 ? sw.sched : schedule_of(p, uneven);
+    const int sched = BM != 128 || serial ? (int)OVERLAP
+                      : sw.sched >= 0 ? sw.sched : schedule_of(p, uneven);
     const int gmode = sw.gmode;
     /* the dynamic order where tiles differ in length, where they are short, and in the
        tilings with two Q buffers or more (both at d 64, d 128's short): equal tiles in the
@@ -249,7 +276,7 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
        2048 +8% in three rounds and +9% in another call, 4096 +1.4%, d 64 1024 +1.7%,
        2048/4096 level; the one-Q-buffer d 256 2048/4096 -1%:
        results/2026-11-25-h100-sm90-align.md) */
-    const int nq = with_cfg(D, lng, [](auto c) { return decltype(c)::NQ; });
+    const int nq = serial ? 1 : with_cfg(D, lng, [](auto c) { return decltype(c)::NQ; });
     const bool dynamic = l->ws && l->ws_bytes >= 4 &&
                          (gmode == 3 || (gmode == 0 && (uneven || p->seqlen_k <= 512 || nq >= 2)));
     const int blocks = sw.blocks > 0 ? sw.blocks : l->num_sms > 0 ? l->num_sms : 1;
@@ -261,7 +288,11 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
         a.counter = (int *)l->ws;
         e = cudaMemsetAsync(a.counter, 0, sizeof(int), st);
     }
-    if (e == cudaSuccess && a.tiles > 0)
+    if (e == cudaSuccess && a.tiles > 0 && serial)
+        e = p->dtype == FA_DTYPE_BF16
+                ? launch_kernel<Serial256>(fwd_sm90_serial_kernel<__nv_bfloat16, Serial256>, a, grid, st)
+                : launch_kernel<Serial256>(fwd_sm90_serial_kernel<__half, Serial256>, a, grid, st);
+    else if (e == cudaSuccess && a.tiles > 0)
         e = with_cfg(D, lng, [&](auto c) {
             return p->dtype == FA_DTYPE_BF16 ? launch<__nv_bfloat16, decltype(c)>(a, sched, grid, st)
                                              : launch<__half, decltype(c)>(a, sched, grid, st);
@@ -270,11 +301,12 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     if (e == cudaSuccess) trace_dump(st);
 #endif
     snprintf(l->kernel, sizeof l->kernel, "sm90_fwd_d%d_%s%s_%dx%d%s%s", D,
-             fa_dtype_name(p->dtype), fa_cuda_mask_name(p), BM, BN, sched_name[sched],
+             fa_dtype_name(p->dtype), fa_cuda_mask_name(p), BM, BN,
+             serial ? "_serial" : sched_name[sched],
              grid == a.tiles ? "" : a.counter ? "_dynamic" : "_static");
     l->tile_q = BM;
     l->tile_k = BN;
-    l->threads = with_cfg(D, lng, [](auto c) { return decltype(c)::THREADS; });
+    l->threads = with_tiling(serial, D, lng, [](auto c) { return decltype(c)::THREADS; });
     if (e != cudaSuccess) {
         snprintf(l->msg, sizeof l->msg, "%s: %s", l->kernel, cudaGetErrorString(e));
         return FA_ERR_CUDA;

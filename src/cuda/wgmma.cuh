@@ -109,10 +109,12 @@ __device__ __forceinline__ void tma_store4(const CUtensorMap *map, uint32_t src,
                  : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-/* the shared memory of every committed group has been read (the writes may be in flight) */
-__device__ __forceinline__ void bulk_wait_read() {
-    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+/* the shared memory of every committed group but the newest N has been read (the writes may
+   be in flight) */
+template <int N> __device__ __forceinline__ void bulk_wait_read_but() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
 }
+__device__ __forceinline__ void bulk_wait_read() { bulk_wait_read_but<0>(); }
 /* every committed group has completed */
 __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 __device__ __forceinline__ void fence_async_smem() {
@@ -218,21 +220,24 @@ template <int N> __device__ __forceinline__ void wg_pin(uint32_t (&a)[N][4]) {
  *   ss_t: A and B in shared memory, both MN-major (imm-trans-a 1, imm-trans-b 1);
  *   ss_bt: A K-major, B MN-major (imm-trans-b 1);
  *   rs: A from registers (each warp's m16k16 A fragments), B MN-major (imm-trans-b 1).
+ *   ss_new: ss with d written only (scale_d must be 0): d's old values are dead before it,
+ *     so the compiler may give its registers to other values until the product.
  * scale_d 0 overwrites d instead of adding to it.
  */
 template <typename T, int N> struct Wgmma;
 
-/* The accumulator's registers as asm operands ("+f"), and their "%0, %1, ..." list. */
-#define FA_WG_D8(i)                                                                                \
-    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]),  \
-        "+f"(d[i + 6]), "+f"(d[i + 7])
-#define FA_WG_D32 FA_WG_D8(0), FA_WG_D8(8), FA_WG_D8(16), FA_WG_D8(24)
-#define FA_WG_D40 FA_WG_D32, FA_WG_D8(32)
-#define FA_WG_D64 FA_WG_D32, FA_WG_D8(32), FA_WG_D8(40), FA_WG_D8(48), FA_WG_D8(56)
-#define FA_WG_D88 FA_WG_D64, FA_WG_D8(64), FA_WG_D8(72), FA_WG_D8(80)
-#define FA_WG_D128                                                                                 \
-    FA_WG_D64, FA_WG_D8(64), FA_WG_D8(72), FA_WG_D8(80), FA_WG_D8(88), FA_WG_D8(96),             \
-        FA_WG_D8(104), FA_WG_D8(112), FA_WG_D8(120)
+/* The accumulator's registers as asm operands (C: "+f" read and written, "=f" written only),
+   and their "%0, %1, ..." list. */
+#define FA_WG_D8(C, i)                                                                             \
+    C(d[i]), C(d[i + 1]), C(d[i + 2]), C(d[i + 3]), C(d[i + 4]), C(d[i + 5]), C(d[i + 6]),       \
+        C(d[i + 7])
+#define FA_WG_D32(C) FA_WG_D8(C, 0), FA_WG_D8(C, 8), FA_WG_D8(C, 16), FA_WG_D8(C, 24)
+#define FA_WG_D40(C) FA_WG_D32(C), FA_WG_D8(C, 32)
+#define FA_WG_D64(C) FA_WG_D32(C), FA_WG_D8(C, 32), FA_WG_D8(C, 40), FA_WG_D8(C, 48), FA_WG_D8(C, 56)
+#define FA_WG_D88(C) FA_WG_D64(C), FA_WG_D8(C, 64), FA_WG_D8(C, 72), FA_WG_D8(C, 80)
+#define FA_WG_D128(C)                                                                              \
+    FA_WG_D64(C), FA_WG_D8(C, 64), FA_WG_D8(C, 72), FA_WG_D8(C, 80), FA_WG_D8(C, 88),            \
+        FA_WG_D8(C, 96), FA_WG_D8(C, 104), FA_WG_D8(C, 112), FA_WG_D8(C, 120)
 #define FA_WG_R32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define FA_WG_R40 FA_WG_R32 ", %32, %33, %34, %35, %36, %37, %38, %39"
 #define FA_WG_R64 FA_WG_R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
@@ -241,13 +246,13 @@ template <typename T, int N> struct Wgmma;
 
 /* One product from shared memory: NAME, with the transposes TRANS ("imm-trans-a, imm-trans-b")
    of the operands (the other arguments as FA_WGMMA's). */
-#define FA_WG_SS(NAME, TRANS, PT, N, NR, SS_AB, SS_SC)                                          \
+#define FA_WG_SS(NAME, TRANS, PT, N, NR, SS_AB, SS_SC, C)                                       \
     __device__ __forceinline__ static void NAME(float (&d)[NR], uint64_t da, uint64_t db,       \
                                                 int scale_d) {                                    \
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SS_SC ", 0;\n"                          \
                      "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PT "." PT " {"              \
                      FA_WG_R##NR "}, " SS_AB ", p, 1, 1, " TRANS ";\n}\n"                            \
-                     : FA_WG_D##NR                                                                 \
+                     : FA_WG_D##NR(C)                                                              \
                      : "l"(da), "l"(db), "r"(scale_d));                                           \
     }
 
@@ -256,15 +261,16 @@ template <typename T, int N> struct Wgmma;
    descriptor and scale_d) as text, since the asm string must spell them. */
 #define FA_WGMMA(T, PT, N, NR, SS_AB, SS_SC, RS_AB, RS_SC)                                        \
     template <> struct Wgmma<T, N> {                                                              \
-        FA_WG_SS(ss, "0, 0", PT, N, NR, SS_AB, SS_SC)                                             \
-        FA_WG_SS(ss_t, "1, 1", PT, N, NR, SS_AB, SS_SC)                                           \
-        FA_WG_SS(ss_bt, "0, 1", PT, N, NR, SS_AB, SS_SC)                                          \
+        FA_WG_SS(ss, "0, 0", PT, N, NR, SS_AB, SS_SC, "+f")                                       \
+        FA_WG_SS(ss_new, "0, 0", PT, N, NR, SS_AB, SS_SC, "=f")                                   \
+        FA_WG_SS(ss_t, "1, 1", PT, N, NR, SS_AB, SS_SC, "+f")                                     \
+        FA_WG_SS(ss_bt, "0, 1", PT, N, NR, SS_AB, SS_SC, "+f")                                    \
         __device__ __forceinline__ static void rs(float (&d)[NR], const uint32_t (&a)[4],        \
                                                   uint64_t db, int scale_d) {                     \
             asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " RS_SC ", 0;\n"                      \
                          "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PT "." PT " {"          \
                          FA_WG_R##NR "}, " RS_AB ", p, 1, 1, 1;\n}\n"                               \
-                         : FA_WG_D##NR                                                             \
+                         : FA_WG_D##NR("+f")                                                       \
                          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));   \
         }                                                                                         \
     };

@@ -1,0 +1,314 @@
+/*
+ * cuda/fwd_sm90_serial.cuh — the Hopper forward with each consumer in series (sm_90a), beside
+ * fwd_sm90.cuh's overlapped pipeline: the structure cuDNN's SDPA kernels showed under Nsight
+ * Compute (bench/results/2026-11-27-h100-ncu-cudnn-sass.md), written here in our own terms.
+ *
+ *   warpgroup 0, the producer: one thread loads per work tile its Q (one buffer, BM = 128
+ *     rows), then its K and V tiles of BN keys, each into a ring of STAGES slots (one at d 256:
+ *     the 64 KB tiles leave room for no second), by the copy engine as in fwd_sm90.cuh.
+ *   warpgroups 1 and 2, the consumers, 64 query rows each, per key tile in series:
+ *       S = Q K^T   (wgmma, both from shared memory; the first k-step writes S without reading
+ *                    it, so S's registers are free between a tile's P V and the next S)
+ *       mask, row max; then, in turn with the other consumer (named barriers 1 and 2), the
+ *                    exponentials straight into P's 16-bit A fragments; O rescaled when the
+ *                    max moved by more than `lazy` (log2)
+ *       O += P V    (wgmma, P from registers; the tile's first overwrites O)
+ *     Nothing of one key tile overlaps the next within a consumer: the turns make the two
+ *     consumers alternate, so one's exponentials run under the other's products. A thread
+ *     holds O (D / 2 registers) and S (BN / 2) and little else, which is what lets 128-key
+ *     tiles fit beside a d 256 O (fwd_sm90.cuh's overlapped loop needs S twice and spills).
+ *   O leaves per warp (16 rows) through two 2 KB staging buffers of 64 columns and the copy
+ *     engine, while the producer already loads the next tile's Q (given back after the last S).
+ *
+ * It serves what fa_sm90_fwd routes to it (serial_for): d 256, fp16/bf16, BSHD (no varlen),
+ * windows and causal masks, GQA, without softcap or ALiBi (those take fwd_sm90.cuh's kernel).
+ */
+#ifndef FA_CUDA_FWD_SM90_SERIAL_CUH
+#define FA_CUDA_FWD_SM90_SERIAL_CUH
+
+#include "fwd_sm90.cuh"
+
+namespace fa {
+namespace sm90 {
+
+template <int D_, int BN_, int STAGES_> struct SerialCfg {
+    static constexpr int D = D_, BN = BN_, STAGES = STAGES_, PANELS = D / 64;
+    static constexpr int NC = 2, BM = 128, THREADS = 384, CTHREADS = 256;
+    /* as Cfg: the producer's release covers the consumers' raise (168 x 384 = 40 + 2 x 232) */
+    static constexpr int REG_P = 40, REG_C = 232;
+    static constexpr uint32_t Q_PANEL = 64 * 128, Q_WG = PANELS * Q_PANEL; /* bytes */
+    static constexpr uint32_t KV_PANEL = BN * 128, KV_TILE = PANELS * KV_PANEL;
+    static constexpr uint32_t O_STAGE = 16 * 128; /* a warp's 16 rows of one 64-column panel */
+    static constexpr uint32_t OFF_K = NC * Q_WG, OFF_V = OFF_K + STAGES * KV_TILE;
+    static constexpr uint32_t OFF_O = OFF_V + STAGES * KV_TILE; /* 2 buffers per consumer warp */
+    static constexpr uint32_t OFF_BAR = OFF_O + 2 * 4 * NC * O_STAGE;
+    static constexpr uint32_t OFF_TILE = OFF_BAR + 8 * (2 + 4 * STAGES);
+    static constexpr size_t SMEM = OFF_TILE + 4 + 1024; /* + aligning */
+    static_assert(D % 64 == 0 && BN % 16 == 0 && KV_PANEL % 1024 == 0, "1024-byte tiles");
+};
+/* d 256: 128-key tiles (cuDNN's "64x128x256"), one K and one V slot (224 KB). The same kernel
+   at d 64 (three slots) and d 128 (two) measured level with or slower than fwd_sm90.cuh's
+   tilings (bench/NOTES.md), so only d 256 is built. */
+using Serial256 = SerialCfg<256, 128, 1>;
+
+template <typename T, typename C>
+__global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __grid_constant__ Args a) {
+#ifdef FA_SM90A_DEVICE
+    constexpr int D = C::D, BN = C::BN, STAGES = C::STAGES, PANELS = C::PANELS;
+    constexpr uint32_t Q_PANEL = C::Q_PANEL, Q_WG = C::Q_WG, KV_PANEL = C::KV_PANEL;
+    constexpr uint32_t KV_TILE = C::KV_TILE, OFF_K = C::OFF_K, OFF_V = C::OFF_V;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+    /* mbarriers: Q full and empty; per stage K full, V full, K empty, V empty. Beside them the
+       tile whose Q the buffer holds (-1: none left). */
+    const uint32_t bar_q = base + C::OFF_BAR, bar_qempty = bar_q + 8;
+    const uint32_t bar_kfull = bar_qempty + 8, bar_vfull = bar_kfull + 8 * STAGES;
+    const uint32_t bar_kempty = bar_vfull + 8 * STAGES, bar_vempty = bar_kempty + 8 * STAGES;
+    const uint32_t tile_slot = base + C::OFF_TILE;
+    const int tid = threadIdx.x, wg = tid / 128;
+    if (tid == 0) {
+        mbar_init(bar_q, 1);
+        mbar_init(bar_qempty, C::CTHREADS);
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(bar_kfull + 8 * s, 1);
+            mbar_init(bar_vfull + 8 * s, 1);
+            mbar_init(bar_kempty + 8 * s, C::CTHREADS);
+            mbar_init(bar_vempty + 8 * s, C::CTHREADS);
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+    Tile w;
+
+    /* ---- the producer: tiles as fwd_sm90.cuh's (the grid's stride or a counter), per tile
+       its Q once the consumers are done with the last one's S, then its K/V tiles from the
+       last (the diagonal one under a causal mask) to the first ---- */
+    if (wg == 0) {
+        regs_dec<C::REG_P>();
+        if (tid != 0) return;
+        auto next = [&](int t) {
+            return a.counter ? atomicAdd(a.counter, 1) + (int)gridDim.x : t + (int)gridDim.x;
+        };
+        auto find = [&](int t) {
+            while (t < a.tiles && !tile_of<C>(a, t, w)) t = next(t);
+            return t;
+        };
+        auto load_kv = [&](int pos, uint32_t off, uint32_t full, uint32_t empty,
+                           const CUtensorMap *map, int hk, int tok) {
+            const int s = pos % STAGES;
+            mbar_wait(empty + 8 * s, ((uint32_t)(pos / STAGES) & 1u) ^ 1u);
+            mbar_expect_tx(full + 8 * s, KV_TILE);
+#pragma unroll 1
+            for (int x = 0; x < PANELS; x++)
+                tma_load4(base + off + s * KV_TILE + x * KV_PANEL, map, full + 8 * s, x * 64, hk,
+                          tok, w.bt);
+        };
+        int pos = 0; /* the ring position: key tiles so far */
+        for (int tc = 0, t = find((int)blockIdx.x);; tc++, t = find(next(t))) {
+            mbar_wait(bar_qempty, ((uint32_t)tc & 1u) ^ 1u); /* fresh: parity 1 passes */
+            st_shared_s32(tile_slot, t < a.tiles ? t : -1);
+            if (t >= a.tiles || w.ntiles == 0) { /* no Q to load: the slot says why */
+                mbar_arrive(bar_q);
+                if (t >= a.tiles) break;
+                continue;
+            }
+            mbar_expect_tx(bar_q, 2 * Q_WG);
+#pragma unroll 1
+            for (int c = 0; c < 2; c++)
+#pragma unroll 1
+                for (int x = 0; x < PANELS; x++)
+                    tma_load4(base + c * Q_WG + x * Q_PANEL, &a.tq, bar_q, x * 64, w.h,
+                              w.q0 + w.row0 + 64 * c, w.bt);
+            const int hk = w.h / a.group;
+#pragma unroll 1
+            for (int it = 0; it < w.ntiles; it++, pos++) {
+                const int tok = w.k0 + (w.t_first + w.ntiles - 1 - it) * BN;
+                load_kv(pos, OFF_K, bar_kfull, bar_kempty, &a.tk, hk, tok);
+                load_kv(pos, OFF_V, bar_vfull, bar_vempty, &a.tv, hk, tok);
+            }
+        }
+        return;
+    }
+    regs_inc<C::REG_C>();
+
+    /* ---- consumer warpgroup c: query rows row0 + 64 c .. + 63 of each tile ---- */
+    const int c = wg - 1, wtid = tid - 128 * wg, warp = wtid / 32, lane = wtid % 32;
+    const int g = lane / 4, t4 = lane % 4;
+    constexpr int NS = BN / 8, NO = D / 8; /* n8 tiles of S and of O */
+    const uint32_t sQ = base + c * Q_WG;
+    const uint32_t o_stage = base + C::OFF_O + (4 * c + warp) * 2 * C::O_STAGE;
+    /* accumulators in the m16n8 C layout of each warp's 16 rows, as in fwd_sm90.cuh */
+    float o[D / 2], sc[BN / 2], m[2], l[2];
+    uint32_t pa[BN / 16][4];
+    const float mul = a.m.scale_log2;
+
+    /* the turns: consumer c waits on barrier 1 + c and passes to the other on 2 - c; consumer 1
+       passes first, so consumer 0 goes first */
+    const int my_bar = 1 + c, other_bar = 2 - c;
+    if (c == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) o[i] = 0.f; /* defined before the first product reads it */
+    int pos = 0;
+    for (int tc = 0;; tc++) {
+        mbar_wait(bar_q, (uint32_t)tc & 1u);
+        const int t = ld_shared_s32(tile_slot);
+        if (t < 0) break;
+        tile_of<C>(a, t, w); /* true: the producer passed it */
+        const int nt = w.ntiles, r_lo = w.row0 + 64 * c + 16 * warp + g;
+        m[0] = m[1] = -INFINITY;
+        l[0] = l[1] = 0.f;
+        if (nt == 0) { /* every key masked: O = 0, LSE = -inf */
+            mbar_arrive(bar_qempty);
+#pragma unroll
+            for (int i = 0; i < D / 2; i++) o[i] = 0.f;
+        }
+#pragma unroll 1
+        for (int it = 0; it < nt; it++, pos++) {
+            const int s = pos % STAGES;
+            const uint32_t ph = (uint32_t)(pos / STAGES) & 1u;
+            const int kcol0 = (w.t_first + nt - 1 - it) * BN;
+            mbar_wait(bar_kfull + 8 * s, ph);
+            wg_fence();
+            {
+                const Desc dq = desc_sw128(sQ, 16, 1024);
+                const Desc dk = desc_sw128(base + OFF_K + s * KV_TILE, 16, 1024);
+                Wgmma<T, BN>::ss_new(sc, desc_at(dq, 0), desc_at(dk, 0), 0);
+#pragma unroll
+                for (int kk = 1; kk < D / 16; kk++) {
+                    const uint32_t off = (kk % 4) * 32u;
+                    Wgmma<T, BN>::ss(sc, desc_at(dq, (kk / 4) * Q_PANEL + off),
+                                     desc_at(dk, (kk / 4) * KV_PANEL + off), 1);
+                }
+            }
+            wg_commit();
+            wg_wait<0>();
+            wg_pin(sc);
+            mbar_arrive(bar_kempty + 8 * s);
+            if (it == nt - 1) mbar_arrive(bar_qempty); /* the tile's last S has read Q */
+
+            /* keys outside a row's range (past the sequence included): -inf */
+            if (!(kcol0 >= w.lo_max && kcol0 + BN <= w.hi_min)) {
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++) {
+                    const int row = r_lo + 8 * hr;
+                    const int lo = lo_of(a, w, row) - kcol0 - 2 * t4;
+                    const int hi = hi_of(a, w, row) - kcol0 - 2 * t4;
+#pragma unroll
+                    for (int j = 0; j < NS; j++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++)
+                            if (8 * j + e < lo || 8 * j + e >= hi) sc[4 * j + 2 * hr + e] = -INFINITY;
+                }
+            }
+            float mx[2];
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                float x = -INFINITY;
+#pragma unroll
+                for (int j = 0; j < NS; j++) x = fmaxf(x, fmaxf(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]));
+                mx[hr] = quad_max(x) * mul;
+            }
+            asm volatile("bar.sync %0, 256;\n" ::"r"(my_bar) : "memory");
+            float alpha[2];
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                /* lazy: the reference max moves only when the tile's exceeds it by more than
+                   a.lazy, so most tiles leave O as it is (fwd_sm90.cuh) */
+                const float m_new = mx[hr] > m[hr] + a.lazy ? mx[hr] : m[hr];
+                const float m_use = m_new == -INFINITY ? 0.f : m_new;
+                alpha[hr] = fast_exp2(m[hr] - m_use);
+                m[hr] = m_new;
+                float sum = 0.f;
+#pragma unroll
+                for (int j = 0; j < NS; j++) {
+                    const float p0 = fast_exp2(fmaf(sc[4 * j + 2 * hr], mul, -m_use));
+                    const float p1 = fast_exp2(fmaf(sc[4 * j + 2 * hr + 1], mul, -m_use));
+                    sum += p0 + p1;
+                    pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(p0, p1);
+                }
+                l[hr] = l[hr] * alpha[hr] + sum;
+            }
+            asm volatile("bar.arrive %0, 256;\n" ::"r"(other_bar) : "memory");
+            if (it > 0 && __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+                for (int j = 0; j < NO; j++) {
+                    o[4 * j] *= alpha[0];
+                    o[4 * j + 1] *= alpha[0];
+                    o[4 * j + 2] *= alpha[1];
+                    o[4 * j + 3] *= alpha[1];
+                }
+            }
+            mbar_wait(bar_vfull + 8 * s, ph);
+            wg_pin(o);
+            wg_fence();
+            {
+                /* k-step kk: keys 16 kk.. = rows 16 kk.. of every V panel (MN-major) */
+                const Desc dv = desc_sw128(base + OFF_V + s * KV_TILE, KV_PANEL, 1024);
+#pragma unroll
+                for (int kk = 0; kk < BN / 16; kk++)
+                    Wgmma<T, D>::rs(o, pa[kk], desc_at(dv, kk * 16 * 128), it > 0 || kk > 0);
+            }
+            wg_commit();
+            wg_wait<0>();
+            wg_pin(o);
+            wg_pin(pa);
+            mbar_arrive(bar_vempty + 8 * s);
+        }
+
+        /* O / l in 16 bits, per warp and 64-column panel through a staging buffer (the 128-byte
+           swizzle of the O map) and the copy engine, which clips rows past the sequence;
+           LSE = m ln 2 + log l */
+        float lt[2], inv[2];
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            lt[hr] = quad_sum(l[hr]);
+            inv[hr] = lt[hr] > 0.f ? 1.f / lt[hr] : 0.f;
+        }
+        if (lane == 0) bulk_wait_read(); /* the last tile's copies have left the buffers */
+        __syncwarp();
+        const int hi = lane / 16, r = 8 * ((lane / 8) % 2) + lane % 8; /* stmatrix's rows */
+#pragma unroll
+        for (int p = 0; p < PANELS; p++) {
+            const uint32_t buf = o_stage + (p % 2) * C::O_STAGE;
+            if (p >= 2) {
+                if (lane == 0) bulk_wait_read_but<1>(); /* panel p - 2's copy has read buf */
+                __syncwarp();
+            }
+#pragma unroll
+            for (int jq = 0; jq < 4; jq++) {
+                const int jp = 4 * p + jq, j0 = 2 * jp, j1 = 2 * jp + 1; /* n8 tiles */
+                stmatrix_x4(buf + r * 128 + (((j0 % 8) ^ hi ^ (r % 8)) << 4),
+                            pack2<T>(o[4 * j0] * inv[0], o[4 * j0 + 1] * inv[0]),
+                            pack2<T>(o[4 * j0 + 2] * inv[1], o[4 * j0 + 3] * inv[1]),
+                            pack2<T>(o[4 * j1] * inv[0], o[4 * j1 + 1] * inv[0]),
+                            pack2<T>(o[4 * j1 + 2] * inv[1], o[4 * j1 + 3] * inv[1]));
+            }
+            fence_async_smem();
+            __syncwarp();
+            if (lane == 0) {
+                tma_store4(&a.to, buf, p * 64, w.h, w.q0 + w.row0 + 64 * c + 16 * warp, w.bo);
+                bulk_commit();
+            }
+        }
+        if (a.lse && t4 == 0) {
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int row = r_lo + 8 * hr;
+                if (row < w.sq)
+                    a.lse[(int64_t)w.bo * a.lse_sb + (int64_t)w.h * a.lse_sh +
+                          (int64_t)(w.q0 + row) * a.lse_st] =
+                        lt[hr] > 0.f ? m[hr] * 0.6931471805599453f + logf(lt[hr]) : -INFINITY;
+            }
+        }
+    }
+    if (lane == 0) bulk_wait(); /* the shared memory stays until the last copy is done */
+    /* consumer 0 takes consumer 1's last pass, so no barrier is left half-arrived */
+    if (c == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
+#endif
+}
+
+} // namespace sm90
+} // namespace fa
+
+#endif
