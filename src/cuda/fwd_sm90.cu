@@ -35,15 +35,19 @@ bool long_tiles(const fa_problem *p, int D, int choice, bool masked) {
     return D == 128 && p->seqlen_k >= 8192;
 }
 
-/* Whether the series kernel (fwd_sm90_serial.cuh) takes p: it serves d 256 without varlen,
+/* Whether the series kernel (fwd_sm90_serial.cuh) takes p: it serves problems without varlen,
    softcap or ALiBi, and stores O by the copy engine only (o_map: O's strides allow a map).
-   By default it takes up to 2048 keys unmasked and 4096 masked, where the GPU runs found it
-   faster than the overlapped kernel's 80-key tiles (bench/NOTES.md; those win beyond);
-   choice 1 forces it wherever it serves, 2 keeps the overlapped kernel. */
+   By default it takes what the GPU runs found it faster on than the overlapped kernel
+   (bench/NOTES.md): d 256 up to 2048 keys unmasked and 4096 masked (its 128-key tiles
+   against 80; those win beyond), every head dim up to 512 keys (d 128 causal +6%) and d 64
+   masked up to 1024 (+1-5%). Choice 1 forces it wherever it serves, 2 keeps the overlapped
+   kernel. */
 bool serial_for(const fa_problem *p, int D, int choice, bool masked, bool o_map) {
-    const bool serves = D == 256 && !p->cu_q && !(p->softcap > 0.f) && !p->alibi && o_map;
+    const bool serves = !p->cu_q && !(p->softcap > 0.f) && !p->alibi && o_map;
     if (!serves || choice == 2) return false;
-    return choice == 1 || p->seqlen_k <= (masked ? 4096 : 2048);
+    const int64_t n = p->seqlen_k;
+    return choice == 1 || n <= 512 || (D == 64 && masked && n <= 1024) ||
+           (D == 256 && n <= (masked ? 4096 : 2048));
 }
 
 /* The consumer schedule of a two-consumer tiling where FLASHATTN_SM90_SCHEDULE leaves it to the
@@ -92,9 +96,17 @@ cudaError_t launch(const Args &a, int sched, int grid, cudaStream_t st) {
                                                 : fwd_sm90_kernel<T, C, OVERLAP>;
     return launch_kernel<C>(kern, a, grid, st);
 }
+/* f(C{}) for the series kernel's tiling of kernel head dim D */
+template <typename F> auto with_serial(int D, F f) {
+    switch (D) {
+    case 64: return f(SerialTiles<64>::C{});
+    case 128: return f(SerialTiles<128>::C{});
+    default: return f(SerialTiles<256>::C{});
+    }
+}
 /* f(C{}) for the tiling that runs p: the series kernel's or Tiles<D>'s */
 template <typename F> auto with_tiling(bool serial, int D, bool lng, F f) {
-    return serial ? f(Serial256{}) : with_cfg(D, lng, f);
+    return serial ? with_serial(D, f) : with_cfg(D, lng, f);
 }
 
 /* bring-up switches until the GPU has chosen: FLASHATTN_SM90_<name>=<one of vals> (index),
@@ -120,8 +132,9 @@ int env_choice(const char *name, const char *const *vals, int n) {
  *   FLASHATTN_SM90_LAZY=<0..8>    softmax rescale threshold, log2 units (0: every increase)
  *   FLASHATTN_SM90_L2MB=<MB>      L2 budget of a tile group's K/V (default 12; 0: one pair)
  *   FLASHATTN_SM90_TILES=auto|short|long   the tiling (Tiles; auto: long_tiles's choice)
- *   FLASHATTN_SM90_SERIAL=auto|1|0   d 256 by the series kernel (fwd_sm90_serial.cuh) wherever
- *       it serves the problem (1), by the overlapped one (0), or as serial_for picks (auto)
+ *   FLASHATTN_SM90_SERIAL=auto|1|0   the series kernel (fwd_sm90_serial.cuh) wherever it serves
+ *       the problem (1), the overlapped one (0), or as serial_for picks (auto; the overlapped
+ *       one where FLASHATTN_SM90_TILES or _SCHEDULE is set)
  *   FLASHATTN_SM90_GRID=persistent|tiles|static|dynamic|<n>   persistent (default): one block
  *       per SM looping over the tiles, in the dynamic order where tiles differ in length
  *       (masks, varlen), are short (at most 512 keys) or have several Q buffers (it needs
@@ -210,7 +223,10 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     memset(&a, 0, sizeof a);
     /* O through the copy engine where its strides allow a map (else the threads store it) */
     a.o_tma = sw.o_tma && make_map(&a.to, &p->o, p->dtype, D, p->heads_q, tq, nb, O_ROWS) == CUDA_SUCCESS;
-    const bool serial = serial_for(p, D, sw.serial, masked, a.o_tma);
+    /* a forced tiling or schedule is the overlapped kernel's (the test entries that force them
+       keep covering it), unless the series kernel is forced too */
+    const int serial_choice = sw.serial ? sw.serial : sw.tiles || sw.sched >= 0 ? 2 : 0;
+    const bool serial = serial_for(p, D, serial_choice, masked, a.o_tma);
     const int BN = with_tiling(serial, D, lng, [](auto c) { return decltype(c)::BN; });
     const int BM = with_tiling(serial, D, lng, [](auto c) { return decltype(c)::BM; });
     const size_t smem = with_tiling(serial, D, lng, [](auto c) { return decltype(c)::SMEM; });
@@ -276,7 +292,7 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
        2048 +8% in three rounds and +9% in another call, 4096 +1.4%, d 64 1024 +1.7%,
        2048/4096 level; the one-Q-buffer d 256 2048/4096 -1%:
        results/2026-11-25-h100-sm90-align.md) */
-    const int nq = serial ? 1 : with_cfg(D, lng, [](auto c) { return decltype(c)::NQ; });
+    const int nq = with_tiling(serial, D, lng, [](auto c) { return decltype(c)::NQ; });
     const bool dynamic = l->ws && l->ws_bytes >= 4 &&
                          (gmode == 3 || (gmode == 0 && (uneven || p->seqlen_k <= 512 || nq >= 2)));
     const int blocks = sw.blocks > 0 ? sw.blocks : l->num_sms > 0 ? l->num_sms : 1;
@@ -289,9 +305,12 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
         e = cudaMemsetAsync(a.counter, 0, sizeof(int), st);
     }
     if (e == cudaSuccess && a.tiles > 0 && serial)
-        e = p->dtype == FA_DTYPE_BF16
-                ? launch_kernel<Serial256>(fwd_sm90_serial_kernel<__nv_bfloat16, Serial256>, a, grid, st)
-                : launch_kernel<Serial256>(fwd_sm90_serial_kernel<__half, Serial256>, a, grid, st);
+        e = with_serial(D, [&](auto c) {
+            using C = decltype(c);
+            return p->dtype == FA_DTYPE_BF16
+                       ? launch_kernel<C>(fwd_sm90_serial_kernel<__nv_bfloat16, C>, a, grid, st)
+                       : launch_kernel<C>(fwd_sm90_serial_kernel<__half, C>, a, grid, st);
+        });
     else if (e == cudaSuccess && a.tiles > 0)
         e = with_cfg(D, lng, [&](auto c) {
             return p->dtype == FA_DTYPE_BF16 ? launch<__nv_bfloat16, decltype(c)>(a, sched, grid, st)

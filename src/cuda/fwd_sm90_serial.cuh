@@ -3,9 +3,10 @@
  * fwd_sm90.cuh's overlapped pipeline: the structure cuDNN's SDPA kernels showed under Nsight
  * Compute (bench/results/2026-11-27-h100-ncu-cudnn-sass.md), written here in our own terms.
  *
- *   warpgroup 0, the producer: one thread loads per work tile its Q (one buffer, BM = 128
- *     rows), then its K and V tiles of BN keys, each into a ring of STAGES slots (one at d 256:
- *     the 64 KB tiles leave room for no second), by the copy engine as in fwd_sm90.cuh.
+ *   warpgroup 0, the producer: one thread loads per work tile its Q (BM = 128 rows, into one
+ *     of NQ buffers), then its K and V tiles of BN keys, each into a ring of STAGES slots (one
+ *     at d 256: the 64 KB tiles leave room for no second), by the copy engine as in
+ *     fwd_sm90.cuh.
  *   warpgroups 1 and 2, the consumers, 64 query rows each, per key tile in series:
  *       S = Q K^T   (wgmma, both from shared memory; the first k-step writes S without reading
  *                    it, so S's registers are free between a tile's P V and the next S)
@@ -20,8 +21,9 @@
  *   O leaves per warp (16 rows) through two 2 KB staging buffers of 64 columns and the copy
  *     engine, while the producer already loads the next tile's Q (given back after the last S).
  *
- * It serves what fa_sm90_fwd routes to it (serial_for): d 256, fp16/bf16, BSHD (no varlen),
- * windows and causal masks, GQA, without softcap or ALiBi (those take fwd_sm90.cuh's kernel).
+ * It serves what fa_sm90_fwd routes to it (serial_for): d 64/128/256, fp16/bf16, BSHD (no
+ * varlen), windows and causal masks, GQA, without softcap or ALiBi (those take
+ * fwd_sm90.cuh's kernel).
  */
 #ifndef FA_CUDA_FWD_SM90_SERIAL_CUH
 #define FA_CUDA_FWD_SM90_SERIAL_CUH
@@ -31,44 +33,50 @@
 namespace fa {
 namespace sm90 {
 
-template <int D_, int BN_, int STAGES_> struct SerialCfg {
-    static constexpr int D = D_, BN = BN_, STAGES = STAGES_, PANELS = D / 64;
+/* NQ Q buffers: with two, the next tile's Q lands while this one's key loop runs */
+template <int D_, int BN_, int STAGES_, int NQ_> struct SerialCfg {
+    static constexpr int D = D_, BN = BN_, STAGES = STAGES_, NQ = NQ_, PANELS = D / 64;
     static constexpr int NC = 2, BM = 128, THREADS = 384, CTHREADS = 256;
     /* as Cfg: the producer's release covers the consumers' raise (168 x 384 = 40 + 2 x 232) */
     static constexpr int REG_P = 40, REG_C = 232;
     static constexpr uint32_t Q_PANEL = 64 * 128, Q_WG = PANELS * Q_PANEL; /* bytes */
     static constexpr uint32_t KV_PANEL = BN * 128, KV_TILE = PANELS * KV_PANEL;
     static constexpr uint32_t O_STAGE = 16 * 128; /* a warp's 16 rows of one 64-column panel */
-    static constexpr uint32_t OFF_K = NC * Q_WG, OFF_V = OFF_K + STAGES * KV_TILE;
+    static constexpr uint32_t OFF_K = NQ * NC * Q_WG, OFF_V = OFF_K + STAGES * KV_TILE;
     static constexpr uint32_t OFF_O = OFF_V + STAGES * KV_TILE; /* 2 buffers per consumer warp */
     static constexpr uint32_t OFF_BAR = OFF_O + 2 * 4 * NC * O_STAGE;
-    static constexpr uint32_t OFF_TILE = OFF_BAR + 8 * (2 + 4 * STAGES);
-    static constexpr size_t SMEM = OFF_TILE + 4 + 1024; /* + aligning */
+    static constexpr uint32_t OFF_TILE = OFF_BAR + 8 * (2 * NQ + 4 * STAGES);
+    static constexpr size_t SMEM = OFF_TILE + 4 * NQ + 1024; /* + aligning */
     static_assert(D % 64 == 0 && BN % 16 == 0 && KV_PANEL % 1024 == 0, "1024-byte tiles");
 };
-/* d 256: 128-key tiles (cuDNN's "64x128x256"), one K and one V slot (224 KB). The same kernel
-   at d 64 (three slots) and d 128 (two) measured level with or slower than fwd_sm90.cuh's
-   tilings (bench/NOTES.md), so only d 256 is built. */
-using Serial256 = SerialCfg<256, 128, 1>;
+/* Per head dim: 128-key tiles (cuDNN's "64x128xD"); d 256 has room for one Q buffer and one K
+   and one V slot (224 KB), d 128 for two Q buffers and two slots (224 KB), d 64 for two and
+   three (160 KB). */
+template <int D> struct SerialTiles;
+template <> struct SerialTiles<64> { using C = SerialCfg<64, 128, 3, 2>; };
+template <> struct SerialTiles<128> { using C = SerialCfg<128, 128, 2, 2>; };
+template <> struct SerialTiles<256> { using C = SerialCfg<256, 128, 1, 1>; };
 
 template <typename T, typename C>
 __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __grid_constant__ Args a) {
 #ifdef FA_SM90A_DEVICE
-    constexpr int D = C::D, BN = C::BN, STAGES = C::STAGES, PANELS = C::PANELS;
+    constexpr int D = C::D, BN = C::BN, STAGES = C::STAGES, NQ = C::NQ, PANELS = C::PANELS;
     constexpr uint32_t Q_PANEL = C::Q_PANEL, Q_WG = C::Q_WG, KV_PANEL = C::KV_PANEL;
     constexpr uint32_t KV_TILE = C::KV_TILE, OFF_K = C::OFF_K, OFF_V = C::OFF_V;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
-    /* mbarriers: Q full and empty; per stage K full, V full, K empty, V empty. Beside them the
-       tile whose Q the buffer holds (-1: none left). */
-    const uint32_t bar_q = base + C::OFF_BAR, bar_qempty = bar_q + 8;
-    const uint32_t bar_kfull = bar_qempty + 8, bar_vfull = bar_kfull + 8 * STAGES;
+    /* mbarriers: per Q buffer full and empty; per stage K full, V full, K empty, V empty.
+       Beside them, per Q buffer the tile whose Q it holds (-1: none left). */
+    const uint32_t bar_q = base + C::OFF_BAR, bar_qempty = bar_q + 8 * NQ;
+    const uint32_t bar_kfull = bar_qempty + 8 * NQ, bar_vfull = bar_kfull + 8 * STAGES;
     const uint32_t bar_kempty = bar_vfull + 8 * STAGES, bar_vempty = bar_kempty + 8 * STAGES;
     const uint32_t tile_slot = base + C::OFF_TILE;
     const int tid = threadIdx.x, wg = tid / 128;
     if (tid == 0) {
-        mbar_init(bar_q, 1);
-        mbar_init(bar_qempty, C::CTHREADS);
+        for (int q = 0; q < NQ; q++) {
+            mbar_init(bar_q + 8 * q, 1);
+            mbar_init(bar_qempty + 8 * q, C::CTHREADS);
+        }
         for (int s = 0; s < STAGES; s++) {
             mbar_init(bar_kfull + 8 * s, 1);
             mbar_init(bar_vfull + 8 * s, 1);
@@ -105,19 +113,21 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
         };
         int pos = 0; /* the ring position: key tiles so far */
         for (int tc = 0, t = find((int)blockIdx.x);; tc++, t = find(next(t))) {
-            mbar_wait(bar_qempty, ((uint32_t)tc & 1u) ^ 1u); /* fresh: parity 1 passes */
-            st_shared_s32(tile_slot, t < a.tiles ? t : -1);
+            const int qb = tc % NQ;
+            const uint32_t full = bar_q + 8 * qb;
+            mbar_wait(bar_qempty + 8 * qb, ((uint32_t)(tc / NQ) & 1u) ^ 1u); /* fresh: 1 */
+            st_shared_s32(tile_slot + 4 * qb, t < a.tiles ? t : -1);
             if (t >= a.tiles || w.ntiles == 0) { /* no Q to load: the slot says why */
-                mbar_arrive(bar_q);
+                mbar_arrive(full);
                 if (t >= a.tiles) break;
                 continue;
             }
-            mbar_expect_tx(bar_q, 2 * Q_WG);
+            mbar_expect_tx(full, 2 * Q_WG);
 #pragma unroll 1
             for (int c = 0; c < 2; c++)
 #pragma unroll 1
                 for (int x = 0; x < PANELS; x++)
-                    tma_load4(base + c * Q_WG + x * Q_PANEL, &a.tq, bar_q, x * 64, w.h,
+                    tma_load4(base + (2 * qb + c) * Q_WG + x * Q_PANEL, &a.tq, full, x * 64, w.h,
                               w.q0 + w.row0 + 64 * c, w.bt);
             const int hk = w.h / a.group;
 #pragma unroll 1
@@ -135,7 +145,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
     const int c = wg - 1, wtid = tid - 128 * wg, warp = wtid / 32, lane = wtid % 32;
     const int g = lane / 4, t4 = lane % 4;
     constexpr int NS = BN / 8, NO = D / 8; /* n8 tiles of S and of O */
-    const uint32_t sQ = base + c * Q_WG;
     const uint32_t o_stage = base + C::OFF_O + (4 * c + warp) * 2 * C::O_STAGE;
     /* accumulators in the m16n8 C layout of each warp's 16 rows, as in fwd_sm90.cuh */
     float o[D / 2], sc[BN / 2], m[2], l[2];
@@ -151,15 +160,17 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
     for (int i = 0; i < D / 2; i++) o[i] = 0.f; /* defined before the first product reads it */
     int pos = 0;
     for (int tc = 0;; tc++) {
-        mbar_wait(bar_q, (uint32_t)tc & 1u);
-        const int t = ld_shared_s32(tile_slot);
+        const int qb = tc % NQ;
+        const uint32_t sQ = base + (2 * qb + c) * Q_WG, q_empty = bar_qempty + 8 * qb;
+        mbar_wait(bar_q + 8 * qb, (uint32_t)(tc / NQ) & 1u);
+        const int t = ld_shared_s32(tile_slot + 4 * qb);
         if (t < 0) break;
         tile_of<C>(a, t, w); /* true: the producer passed it */
         const int nt = w.ntiles, r_lo = w.row0 + 64 * c + 16 * warp + g;
         m[0] = m[1] = -INFINITY;
         l[0] = l[1] = 0.f;
         if (nt == 0) { /* every key masked: O = 0, LSE = -inf */
-            mbar_arrive(bar_qempty);
+            mbar_arrive(q_empty);
 #pragma unroll
             for (int i = 0; i < D / 2; i++) o[i] = 0.f;
         }
@@ -185,7 +196,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
             wg_wait<0>();
             wg_pin(sc);
             mbar_arrive(bar_kempty + 8 * s);
-            if (it == nt - 1) mbar_arrive(bar_qempty); /* the tile's last S has read Q */
+            if (it == nt - 1) mbar_arrive(q_empty); /* the tile's last S has read Q */
 
             /* keys outside a row's range (past the sequence included): -inf */
             if (!(kcol0 >= w.lo_max && kcol0 + BN <= w.hi_min)) {
