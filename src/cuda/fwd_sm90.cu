@@ -38,16 +38,15 @@ bool long_tiles(const fa_problem *p, int D, int choice, bool masked) {
 /* Whether the series kernel (fwd_sm90_serial.cuh) takes p: it serves problems without varlen,
    softcap or ALiBi, and stores O by the copy engine only (o_map: O's strides allow a map).
    By default it takes what the GPU runs found it faster on than the overlapped kernel
-   (bench/NOTES.md): d 256 up to 2048 keys unmasked and 4096 masked (its 128-key tiles
-   against 80; those win beyond), every head dim up to 512 keys (d 128 causal +6%) and d 64
-   masked up to 1024 (+1-5%). Choice 1 forces it wherever it serves, 2 keeps the overlapped
-   kernel. */
+   (bench/NOTES.md): masked rows up to 2048 keys (d 128 causal 512/1024 +3-6%, d 256 causal
+   512 +10%), unmasked ones up to 512 keys, at d 256 up to 1024 (its 128-key tiles against
+   80). Beyond, the overlapped kernel's S of the next key tile under P V (d 64/128) and
+   d 256's 80-key tiles with that overlap win by 2-10%. Choice 1 forces it wherever it
+   serves, 2 keeps the overlapped kernel. */
 bool serial_for(const fa_problem *p, int D, int choice, bool masked, bool o_map) {
     const bool serves = !p->cu_q && !(p->softcap > 0.f) && !p->alibi && o_map;
     if (!serves || choice == 2) return false;
-    const int64_t n = p->seqlen_k;
-    return choice == 1 || n <= 512 || (D == 64 && masked && n <= 1024) ||
-           (D == 256 && n <= (masked ? 4096 : 2048));
+    return choice == 1 || p->seqlen_k <= (masked ? 2048 : D == 256 ? 1024 : 512);
 }
 
 /* The consumer schedule of a two-consumer tiling where FLASHATTN_SM90_SCHEDULE leaves it to the

@@ -46,7 +46,8 @@ template <int D_, int BN_, int STAGES_, int NQ_> struct SerialCfg {
     static constexpr uint32_t OFF_O = OFF_V + STAGES * KV_TILE; /* 2 buffers per consumer warp */
     static constexpr uint32_t OFF_BAR = OFF_O + 2 * 4 * NC * O_STAGE;
     static constexpr uint32_t OFF_TILE = OFF_BAR + 8 * (2 * NQ + 4 * STAGES);
-    static constexpr size_t SMEM = OFF_TILE + 4 * NQ + 1024; /* + aligning */
+    static constexpr uint32_t OFF_MUL = OFF_TILE + 4 * NQ; /* the softmax's scale (a float) */
+    static constexpr size_t SMEM = OFF_MUL + 4 + 1024;  /* + aligning */
     static_assert(D % 64 == 0 && BN % 16 == 0 && KV_PANEL % 1024 == 0, "1024-byte tiles");
 };
 /* Per head dim: 128-key tiles (cuDNN's "64x128xD"); d 256 has room for one Q buffer and one K
@@ -84,6 +85,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
             mbar_init(bar_vempty + 8 * s, C::CTHREADS);
         }
         mbar_init_fence();
+        st_shared_u32(base + C::OFF_MUL, __float_as_uint(a.m.scale_log2));
     }
     __syncthreads();
     Tile w;
@@ -220,7 +222,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
                 for (int j = 0; j < NS; j++) x = fmaxf(x, fmaxf(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]));
                 mx[hr] = quad_max(x) * mul;
             }
-            asm volatile("bar.sync %0, 256;\n" ::"r"(my_bar) : "memory");
+            /* the max before the turn, the exponentials (from mul_t, loaded in it) in it */
+            const float mul_t = bar_sync_after(my_bar, 256, mx[0] + mx[1], base + C::OFF_MUL);
             float alpha[2];
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
@@ -233,14 +236,14 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
                 float sum = 0.f;
 #pragma unroll
                 for (int j = 0; j < NS; j++) {
-                    const float p0 = fast_exp2(fmaf(sc[4 * j + 2 * hr], mul, -m_use));
-                    const float p1 = fast_exp2(fmaf(sc[4 * j + 2 * hr + 1], mul, -m_use));
+                    const float p0 = fast_exp2(fmaf(sc[4 * j + 2 * hr], mul_t, -m_use));
+                    const float p1 = fast_exp2(fmaf(sc[4 * j + 2 * hr + 1], mul_t, -m_use));
                     sum += p0 + p1;
                     pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(p0, p1);
                 }
                 l[hr] = l[hr] * alpha[hr] + sum;
             }
-            asm volatile("bar.arrive %0, 256;\n" ::"r"(other_bar) : "memory");
+            bar_arrive_after(other_bar, 256, l[0] + l[1]); /* every exponential in the turn */
             if (it > 0 && __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
                 for (int j = 0; j < NO; j++) {

@@ -200,6 +200,29 @@ template <int N> __device__ __forceinline__ void wg_wait_after(float after) {
     else
         asm volatile("wgmma.wait_group.sync.aligned %0; // after: even\n" ::"n"(N) : "memory");
 }
+/* Named barrier `id` of n threads (bar.sync waits, bar.arrive passes) kept below the
+   computation of `after`, by a warp-uniform branch on it (as wg_wait_after): register-only
+   work (a row max, the exponentials) is otherwise free to move across either, which lets two
+   warpgroups' turns overlap the very work they are meant to take in turn. bar_sync_after
+   also returns the float at shared address `addr`, loaded after the wait: work computed from
+   it cannot start before the wait (ptxas hoists register work above a barrier and sees
+   through copies, not through a load). */
+__device__ __forceinline__ float bar_sync_after(int id, int n, float after, uint32_t addr) {
+    float r;
+    if (__any_sync(0xffffffffu, __float_as_uint(after) & 1u))
+        asm volatile("bar.sync %1, %2; // after: odd\n\tld.shared.f32 %0, [%3];\n"
+                     : "=f"(r) : "r"(id), "r"(n), "r"(addr) : "memory");
+    else
+        asm volatile("bar.sync %1, %2; // after: even\n\tld.shared.f32 %0, [%3];\n"
+                     : "=f"(r) : "r"(id), "r"(n), "r"(addr) : "memory");
+    return r;
+}
+__device__ __forceinline__ void bar_arrive_after(int id, int n, float after) {
+    if (__any_sync(0xffffffffu, __float_as_uint(after) & 1u))
+        asm volatile("bar.arrive %0, %1; // after: odd\n" ::"r"(id), "r"(n) : "memory");
+    else
+        asm volatile("bar.arrive %0, %1; // after: even\n" ::"r"(id), "r"(n) : "memory");
+}
 /* keeps the compiler from moving accesses of an accumulator across an asynchronous wgmma
    (and, for A fragments, from reusing their registers before the wgmma has read them) */
 template <int N> __device__ __forceinline__ void wg_pin(float (&d)[N]) {
