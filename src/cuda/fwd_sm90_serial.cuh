@@ -28,8 +28,6 @@
 #ifndef FA_CUDA_FWD_SM90_SERIAL_CUH
 #define FA_CUDA_FWD_SM90_SERIAL_CUH
 
-#include <type_traits>
-
 #include "fwd_sm90.cuh"
 
 namespace fa {
@@ -160,28 +158,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
     const int my_bar = 1 + c, other_bar = 2 - c;
     if (c == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
 
-    /* S = Q K^T of ring position p, once its K has landed; issued, not committed. The first
-       k-step writes S without reading it (ss_new). */
-    auto issue_s = [&](uint32_t sQ, int p) {
-        const int s = p % STAGES;
-        mbar_wait(bar_kfull + 8 * s, (uint32_t)(p / STAGES) & 1u);
-        wg_fence();
-        const Desc dq = desc_sw128(sQ, 16, 1024);
-        const Desc dk = desc_sw128(base + OFF_K + s * KV_TILE, 16, 1024);
-        Wgmma<T, BN>::ss_new(sc, desc_at(dq, 0), desc_at(dk, 0), 0);
-#pragma unroll
-        for (int kk = 1; kk < D / 16; kk++) {
-            const uint32_t off = (kk % 4) * 32u;
-            Wgmma<T, BN>::ss(sc, desc_at(dq, (kk / 4) * Q_PANEL + off),
-                             desc_at(dk, (kk / 4) * KV_PANEL + off), 1);
-        }
-    };
-    /* AHEAD: S of the next key tile is issued right behind this key tile's P V and both are
-       awaited together, so that the tensor cores take the two back to back and the next S does
-       not queue behind the other consumer's P V (S's registers are free by then; P's stay
-       until P V completes). Where O, S and P do not fit together (d 256) each P V completes
-       before the next S is issued. */
-    constexpr bool AHEAD = D <= 128 && EXPT != 50;
 #pragma unroll
     for (int i = 0; i < D / 2; i++) o[i] = 0.f; /* defined before the first product reads it */
     int pos = 0;
@@ -200,24 +176,29 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
 #pragma unroll
             for (int i = 0; i < D / 2; i++) o[i] = 0.f;
         }
-        /* S of ring position p issued, completed and its K slot given back (last: the tile's
-           last S, after which Q goes back too) */
-        auto s_sync = [&](int p, bool last) {
-            issue_s(sQ, p);
-            wg_commit();
-            wg_wait<0>();
-            wg_pin(sc);
-            mbar_arrive(bar_kempty + 8 * (p % STAGES));
-            if (last) mbar_arrive(q_empty);
-        };
-        /* Key tile it at ring position pos, its S complete: softmax, P V, and the next key
-           tile's S where one follows (more, a compile-time flag: no product is issued under a
-           branch, whose two paths' registers ptxas would merge and serialise, C7515). No
-           product stays pending from one key tile to the next. */
-        auto key_tile = [&](int it, int pos, auto more) {
+#pragma unroll 1
+        for (int it = 0; it < nt; it++, pos++) {
             const int s = pos % STAGES;
             const uint32_t ph = (uint32_t)(pos / STAGES) & 1u;
             const int kcol0 = (w.t_first + nt - 1 - it) * BN;
+            mbar_wait(bar_kfull + 8 * s, ph);
+            wg_fence();
+            {
+                const Desc dq = desc_sw128(sQ, 16, 1024);
+                const Desc dk = desc_sw128(base + OFF_K + s * KV_TILE, 16, 1024);
+                Wgmma<T, BN>::ss_new(sc, desc_at(dq, 0), desc_at(dk, 0), 0);
+#pragma unroll
+                for (int kk = 1; kk < D / 16; kk++) {
+                    const uint32_t off = (kk % 4) * 32u;
+                    Wgmma<T, BN>::ss(sc, desc_at(dq, (kk / 4) * Q_PANEL + off),
+                                     desc_at(dk, (kk / 4) * KV_PANEL + off), 1);
+                }
+            }
+            wg_commit();
+            wg_wait<0>();
+            wg_pin(sc);
+            mbar_arrive(bar_kempty + 8 * s);
+            if (it == nt - 1) mbar_arrive(q_empty); /* the tile's last S has read Q */
 
             /* keys outside a row's range (past the sequence included): -inf */
             if (!(kcol0 >= w.lo_max && kcol0 + BN <= w.hi_min)) {
@@ -282,30 +263,11 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
                 for (int kk = 0; kk < BN / 16; kk++)
                     Wgmma<T, D>::rs(o, pa[kk], desc_at(dv, kk * 16 * 128), it > 0 || kk > 0);
             }
-            constexpr bool next = decltype(more)::value;
-            if (next) issue_s(sQ, pos + 1);
             wg_commit();
             wg_wait<0>();
             wg_pin(o);
             wg_pin(pa);
-            if (next) wg_pin(sc);
             mbar_arrive(bar_vempty + 8 * s);
-            if (next) {
-                mbar_arrive(bar_kempty + 8 * ((pos + 1) % STAGES));
-                if (it + 1 == nt - 1) mbar_arrive(q_empty);
-            }
-        };
-        if (AHEAD) {
-            if (nt > 0) s_sync(pos, nt == 1);
-#pragma unroll 1
-            for (int it = 0; it < nt - 1; it++, pos++) key_tile(it, pos, std::true_type{});
-            if (nt > 0) key_tile(nt - 1, pos++, std::false_type{});
-        } else {
-#pragma unroll 1
-            for (int it = 0; it < nt; it++, pos++) {
-                s_sync(pos, it == nt - 1);
-                key_tile(it, pos, std::false_type{});
-            }
         }
 
         /* O / l in 16 bits, per warp and 64-column panel through a staging buffer (the 128-byte
