@@ -60,10 +60,10 @@ fa_status fa_sm80_fwd_kvcache(const fa_problem *p, fa_cuda_launch *l, int *split
 /* Forward (cuda/fwd_sm80.cu). Workspace: none. */
 fa_status fa_sm80_fwd(const fa_problem *p, fa_cuda_launch *l);
 
-/* Hopper forward (cuda/fwd_sm90.cu, kernel in fwd_sm90.cuh). Workspace: FA_SM90_FWD_WORKSPACE
-   bytes at l->ws (its tile counter; without it the persistent grid takes tiles in static
-   order). FA_ERR_UNSUPPORTED, with the reason in l->msg and nothing queued, for a problem or
-   GPU it does not take. */
+/* Hopper forward (cuda/fwd_sm90.cu, kernels in fwd_sm90.cuh and fwd_sm90_serial.cuh).
+   Workspace: FA_SM90_FWD_WORKSPACE bytes at l->ws (its tile counter; without it the
+   persistent grid takes tiles in static order). FA_ERR_UNSUPPORTED, with the reason in
+   l->msg and nothing queued, for a problem or GPU it does not take. */
 fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l);
 /* Whether the Hopper forward has a kernel for p's head dim (it may still decline p). */
 int fa_sm90_fwd_covers(const fa_problem *p);
