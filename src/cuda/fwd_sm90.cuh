@@ -184,6 +184,25 @@ __device__ __forceinline__ int hi_of(const Args &a, const Tile &w, int i) {
     return a.m.win_right < 0 ? w.sk : min(w.sk, i + w.diag + a.m.win_right + 1);
 }
 
+/* Scores of keys outside the ranges of rows r_lo and r_lo + 8 (past the sequence included)
+   to -inf: a thread's part of key tile kcol0 in the m16n8 C layout (n8 tile j: columns
+   8 j + 2 t4 + 0/1 of row r_lo in [4 j], [4 j + 1], of row r_lo + 8 in [4 j + 2], [4 j + 3]) */
+template <int NR>
+__device__ __forceinline__ void mask_rows(float (&sc)[NR], const Args &a, const Tile &w, int kcol0,
+                                          int r_lo, int t4) {
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int row = r_lo + 8 * hr;
+        const int lo = lo_of(a, w, row) - kcol0 - 2 * t4;
+        const int hi = hi_of(a, w, row) - kcol0 - 2 * t4;
+#pragma unroll
+        for (int j = 0; j < NR / 4; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+                if (8 * j + e < lo || 8 * j + e >= hi) sc[4 * j + 2 * hr + e] = -INFINITY;
+    }
+}
+
 /*
  * Tile t of the launch. The order: (batch, head) pairs in groups of a.group_hb whose K and V
  * fit in the L2 together; in a group, query blocks from the last (the longest under a causal
@@ -443,17 +462,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                         if (8 * j + e >= hi) sc[4 * j + 2 * hr + e] = -INFINITY;
             }
         } else if (!(kcol0 >= w.lo_max && kcol0 + BN <= w.hi_min)) {
-#pragma unroll
-            for (int hr = 0; hr < 2; hr++) {
-                const int row = r_lo + 8 * hr;
-                const int lo = lo_of(a, w, row) - kcol0 - 2 * t4;
-                const int hi = hi_of(a, w, row) - kcol0 - 2 * t4;
-#pragma unroll
-                for (int j = 0; j < NS; j++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++)
-                        if (8 * j + e < lo || 8 * j + e >= hi) sc[4 * j + 2 * hr + e] = -INFINITY;
-            }
+            mask_rows(sc, a, w, kcol0, r_lo, t4);
         }
     };
     auto softmax_core = [&](float (&sc)[BN / 2], float (&alpha)[2]) {

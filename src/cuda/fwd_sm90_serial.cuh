@@ -201,19 +201,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
             if (it == nt - 1) mbar_arrive(q_empty); /* the tile's last S has read Q */
 
             /* keys outside a row's range (past the sequence included): -inf */
-            if (!(kcol0 >= w.lo_max && kcol0 + BN <= w.hi_min)) {
-#pragma unroll
-                for (int hr = 0; hr < 2; hr++) {
-                    const int row = r_lo + 8 * hr;
-                    const int lo = lo_of(a, w, row) - kcol0 - 2 * t4;
-                    const int hi = hi_of(a, w, row) - kcol0 - 2 * t4;
-#pragma unroll
-                    for (int j = 0; j < NS; j++)
-#pragma unroll
-                        for (int e = 0; e < 2; e++)
-                            if (8 * j + e < lo || 8 * j + e >= hi) sc[4 * j + 2 * hr + e] = -INFINITY;
-                }
-            }
+            if (!(kcol0 >= w.lo_max && kcol0 + BN <= w.hi_min)) mask_rows(sc, a, w, kcol0, r_lo, t4);
             float mx[2];
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
