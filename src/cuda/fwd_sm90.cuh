@@ -203,6 +203,37 @@ __device__ __forceinline__ void mask_rows(float (&sc)[NR], const Args &a, const 
     }
 }
 
+/* The ring's mbarriers from bar_q on, 8 bytes each: per Q buffer full (one arrival: the
+   producer's, with the copies' bytes) and empty (the consumers' threads), then per stage K
+   full, V full, K empty, V empty. One thread, before mbar_init_fence. */
+template <int NQ, int STAGES, int CTHREADS> __device__ __forceinline__ void init_ring(uint32_t bar_q) {
+    const uint32_t bar_qempty = bar_q + 8 * NQ, bar_kfull = bar_qempty + 8 * NQ;
+    const uint32_t bar_vfull = bar_kfull + 8 * STAGES, bar_kempty = bar_vfull + 8 * STAGES;
+    const uint32_t bar_vempty = bar_kempty + 8 * STAGES;
+    for (int q = 0; q < NQ; q++) {
+        mbar_init(bar_q + 8 * q, 1);
+        mbar_init(bar_qempty + 8 * q, CTHREADS);
+    }
+    for (int s = 0; s < STAGES; s++) {
+        mbar_init(bar_kfull + 8 * s, 1);
+        mbar_init(bar_vfull + 8 * s, 1);
+        mbar_init(bar_kempty + 8 * s, CTHREADS);
+        mbar_init(bar_vempty + 8 * s, CTHREADS);
+    }
+}
+
+/* O (m16n8 C layout: [4 j], [4 j + 1] of row g, [4 j + 2], [4 j + 3] of row g + 8) times each
+   row's alpha */
+template <int N> __device__ __forceinline__ void rescale_o(float (&o)[N], const float (&alpha)[2]) {
+#pragma unroll
+    for (int j = 0; j < N / 4; j++) {
+        o[4 * j] *= alpha[0];
+        o[4 * j + 1] *= alpha[0];
+        o[4 * j + 2] *= alpha[1];
+        o[4 * j + 3] *= alpha[1];
+    }
+}
+
 /*
  * Tile t of the launch. The order: (batch, head) pairs in groups of a.group_hb whose K and V
  * fit in the L2 together; in a group, query blocks from the last (the longest under a causal
@@ -270,16 +301,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     const int tid = threadIdx.x, wg = tid / 128;
 
     if (tid == 0) {
-        for (int q = 0; q < NQ; q++) {
-            mbar_init(bar_q + 8 * q, 1);
-            mbar_init(bar_qempty + 8 * q, C::CTHREADS);
-        }
-        for (int s = 0; s < STAGES; s++) {
-            mbar_init(bar_kfull + 8 * s, 1);
-            mbar_init(bar_vfull + 8 * s, 1);
-            mbar_init(bar_kempty + 8 * s, C::CTHREADS);
-            mbar_init(bar_vempty + 8 * s, C::CTHREADS);
-        }
+        init_ring<NQ, STAGES, C::CTHREADS>(bar_q);
         mbar_init_fence();
     }
     __syncthreads();
@@ -530,15 +552,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
 #pragma unroll
             for (int hr = 0; hr < 2; hr++)
                 pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]);
-    };
-    auto rescale = [&](const float (&alpha)[2]) {
-#pragma unroll
-        for (int j = 0; j < NO; j++) {
-            o[4 * j] *= alpha[0];
-            o[4 * j + 1] *= alpha[0];
-            o[4 * j + 2] *= alpha[1];
-            o[4 * j + 3] *= alpha[1];
-        }
     };
     /* Ring position pos (the producer's count of key tiles so far): its slot and phase, and the
        slot's K and V; key0(it) is the first key of the current tile's key tile it (they run
@@ -830,7 +843,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 continue;
             }
             if (AT_MAX) softmax_core(sc, alpha);
-            if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) rescale(alpha);
+            if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) rescale_o(o, alpha);
             pack_p(sc, pa);
         }
         /* every S of the tile has completed */

@@ -74,16 +74,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
     const uint32_t tile_slot = base + C::OFF_TILE;
     const int tid = threadIdx.x, wg = tid / 128;
     if (tid == 0) {
-        for (int q = 0; q < NQ; q++) {
-            mbar_init(bar_q + 8 * q, 1);
-            mbar_init(bar_qempty + 8 * q, C::CTHREADS);
-        }
-        for (int s = 0; s < STAGES; s++) {
-            mbar_init(bar_kfull + 8 * s, 1);
-            mbar_init(bar_vfull + 8 * s, 1);
-            mbar_init(bar_kempty + 8 * s, C::CTHREADS);
-            mbar_init(bar_vempty + 8 * s, C::CTHREADS);
-        }
+        init_ring<NQ, STAGES, C::CTHREADS>(bar_q);
         mbar_init_fence();
         st_shared_u32(base + C::OFF_MUL, __float_as_uint(a.m.scale_log2));
     }
@@ -146,7 +137,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
     /* ---- consumer warpgroup c: query rows row0 + 64 c .. + 63 of each tile ---- */
     const int c = wg - 1, wtid = tid - 128 * wg, warp = wtid / 32, lane = wtid % 32;
     const int g = lane / 4, t4 = lane % 4;
-    constexpr int NS = BN / 8, NO = D / 8; /* n8 tiles of S and of O */
+    constexpr int NS = BN / 8; /* n8 tiles of S */
     const uint32_t o_stage = base + C::OFF_O + (4 * c + warp) * 2 * C::O_STAGE;
     /* accumulators in the m16n8 C layout of each warp's 16 rows, as in fwd_sm90.cuh */
     float o[D / 2], sc[BN / 2], m[2], l[2];
@@ -232,15 +223,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
                 l[hr] = l[hr] * alpha[hr] + sum;
             }
             bar_arrive_after(other_bar, 256, l[0] + l[1]); /* every exponential in the turn */
-            if (it > 0 && __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-                for (int j = 0; j < NO; j++) {
-                    o[4 * j] *= alpha[0];
-                    o[4 * j + 1] *= alpha[0];
-                    o[4 * j + 2] *= alpha[1];
-                    o[4 * j + 3] *= alpha[1];
-                }
-            }
+            if (it > 0 && __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))
+                rescale_o(o, alpha);
             mbar_wait(bar_vfull + 8 * s, ph);
             wg_pin(o);
             wg_fence();
