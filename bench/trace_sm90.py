@@ -24,7 +24,7 @@ import sys
 NAMES = {1: "FETCH", 2: "ITER", 3: "READY", 4: "S_DONE", 5: "SOFTMAX", 6: "PV_DONE",
          7: "B_ISSUED", 8: "B_S_DONE", 9: "B_SOFTMAX", 10: "B_PV_DONE", 11: "B_STORED",
          12: "B_END", 13: "B_TILE", 14: "B_READY", 15: "O_SUM", 16: "O_SMEM", 17: "O_FENCED",
-         18: "O_ISSUED", 20: "P_KV", 21: "P_Q", 30: "DONE"}
+         18: "O_ISSUED", 19: "TURN", 20: "P_KV", 21: "P_Q", 22: "V_READY", 30: "DONE"}
 
 
 def read(path):
@@ -62,7 +62,7 @@ def softmax_windows(evs):
     """The key loop's softmax of each iteration as (start, end): from the wait it follows
     (P V done where the softmax runs at the running max, S done where it runs under P V) to
     TR_SOFTMAX."""
-    return [(x[2], y[2]) for x, y in zip(evs, evs[1:]) if y[0] == 5 and x[0] in (4, 6)]
+    return [(x[2], y[2]) for x, y in zip(evs, evs[1:]) if y[0] == 5 and x[0] in (4, 6, 19)]
 
 
 def print_softmax_overlap(runs):

@@ -80,6 +80,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
     }
     __syncthreads();
     Tile w;
+    Tracer tr; /* the bring-up timeline (trace_sm90.cuh): empty unless FA_SM90_TRACE */
 
     /* ---- the producer: tiles as fwd_sm90.cuh's (the grid's stride or a counter), per tile
        its Q once the consumers are done with the last one's S, then its K/V tiles from the
@@ -87,6 +88,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
     if (wg == 0) {
         regs_dec<C::REG_P>();
         if (tid != 0) return;
+        tr.init(0, true);
         auto next = [&](int t) {
             return a.counter ? atomicAdd(a.counter, 1) + (int)gridDim.x : t + (int)gridDim.x;
         };
@@ -99,6 +101,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
             const int s = pos % STAGES;
             mbar_wait(empty + 8 * s, ((uint32_t)(pos / STAGES) & 1u) ^ 1u);
             mbar_expect_tx(full + 8 * s, KV_TILE);
+            tr(TR_P_KV, 2 * pos + (off == OFF_V));
 #pragma unroll 1
             for (int x = 0; x < PANELS; x++)
                 tma_load4(base + off + s * KV_TILE + x * KV_PANEL, map, full + 8 * s, x * 64, hk,
@@ -116,6 +119,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
                 continue;
             }
             mbar_expect_tx(full, 2 * Q_WG);
+            tr(TR_P_Q, tc);
 #pragma unroll 1
             for (int c = 0; c < 2; c++)
 #pragma unroll 1
@@ -130,6 +134,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
                 load_kv(pos, OFF_V, bar_vfull, bar_vempty, &a.tv, hk, tok);
             }
         }
+        tr(TR_DONE);
+        tr.finish();
         return;
     }
     regs_inc<C::REG_C>();
@@ -147,6 +153,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
     /* the turns: consumer c waits on barrier 1 + c and passes to the other on 2 - c; consumer 1
        passes first, so consumer 0 goes first */
     const int my_bar = 1 + c, other_bar = 2 - c;
+    tr.init(1 + c, wtid == 0);
     if (c == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
 
 #pragma unroll
@@ -158,6 +165,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
         mbar_wait(bar_q + 8 * qb, (uint32_t)(tc / NQ) & 1u);
         const int t = ld_shared_s32(tile_slot + 4 * qb);
         if (t < 0) break;
+        tr(TR_FETCH, t);
         tile_of<C>(a, t, w); /* true: the producer passed it */
         const int nt = w.ntiles, r_lo = w.row0 + 64 * c + 16 * warp + g;
         m[0] = m[1] = -INFINITY;
@@ -172,7 +180,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
             const int s = pos % STAGES;
             const uint32_t ph = (uint32_t)(pos / STAGES) & 1u;
             const int kcol0 = (w.t_first + nt - 1 - it) * BN;
+            tr(TR_ITER, it);
+            const int there = mbar_done(bar_kfull + 8 * s, ph) | 2 * mbar_done(bar_vfull + 8 * s, ph);
             mbar_wait(bar_kfull + 8 * s, ph);
+            tr(TR_READY, 4 * pos + there);
             wg_fence();
             {
                 const Desc dq = desc_sw128(sQ, 16, 1024);
@@ -188,6 +199,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
             wg_commit();
             wg_wait<0>();
             wg_pin(sc);
+            tr(TR_S_DONE, it);
             mbar_arrive(bar_kempty + 8 * s);
             if (it == nt - 1) mbar_arrive(q_empty); /* the tile's last S has read Q */
 
@@ -203,6 +215,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
             }
             /* the max before the turn, the exponentials (from mul_t, loaded in it) in it */
             const float mul_t = bar_sync_after(my_bar, 256, mx[0] + mx[1], base + C::OFF_MUL);
+            tr(TR_TURN, it);
             float alpha[2];
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
@@ -223,9 +236,11 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
                 l[hr] = l[hr] * alpha[hr] + sum;
             }
             bar_arrive_after(other_bar, 256, l[0] + l[1]); /* every exponential in the turn */
+            tr(TR_SOFTMAX, it);
             if (it > 0 && __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))
                 rescale_o(o, alpha);
             mbar_wait(bar_vfull + 8 * s, ph);
+            tr(TR_V_READY, it);
             wg_pin(o);
             wg_fence();
             {
@@ -239,6 +254,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
             wg_wait<0>();
             wg_pin(o);
             wg_pin(pa);
+            tr(TR_PV_DONE, it);
             mbar_arrive(bar_vempty + 8 * s);
         }
 
@@ -277,6 +293,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
                 bulk_commit();
             }
         }
+        tr(TR_O_ISSUED);
         if (a.lse && t4 == 0) {
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
@@ -288,6 +305,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
             }
         }
     }
+    tr(TR_DONE);
+    tr.finish();
     if (lane == 0) bulk_wait(); /* the shared memory stays until the last copy is done */
     /* consumer 0 takes consumer 1's last pass, so no barrier is left half-arrived */
     if (c == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");

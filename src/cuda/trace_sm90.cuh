@@ -40,8 +40,10 @@ enum TraceTag {
     TR_O_SMEM,        /* O store: O in shared memory (stmatrix) */
     TR_O_FENCED,      /* O store: the proxy fence passed */
     TR_O_ISSUED,      /* O store: the copy issued (by the threads: O and LSE written) */
+    TR_TURN,          /* series kernel: the consumer's turn for its exponentials has come */
     TR_P_KV = 20,     /* producer: the slot came free, K/V issued (value: ring position) */
     TR_P_Q,           /* producer: a Q buffer came free, Q issued */
+    TR_V_READY,       /* series kernel: the wait for V is over */
     TR_DONE = 30      /* the role is out of tiles */
 };
 
