@@ -137,6 +137,7 @@ def main():
     full = sum(1 for v in runs.values() if v[1])
     print(f"traced roles: {len(runs)} ({full} hit the event cap; their later events are missing)")
     steady, parts, bound, bparts, tiles, span = [], {}, [], {}, 0, []
+    by_role = {}  # consumer role -> part -> cycles (the consumers may not wait alike)
     for (b, r), (evs, capped) in sorted(runs.items()):
         if r == 0:
             continue
@@ -160,6 +161,7 @@ def main():
                 for x, y in zip(seg, seg[1:]):
                     k = f"{NAMES.get(x[0])}->{NAMES.get(y[0])}"
                     parts.setdefault(k, []).append(y[2] - x[2])
+                    by_role.setdefault(r, {}).setdefault(k, []).append(y[2] - x[2])
         # boundary: last ITER of tile k .. first ITER of tile k + 1 (its it = 1), through
         # the boundary events (B_*) and FETCH
         for s, nxt in zip(seqs, seqs[1:]):
@@ -176,8 +178,11 @@ def main():
     print(f"consumer tiles traced: {tiles}; steady iteration: median {st:.0f} cycles "
           f"(n {len(steady)}, p10 {sorted(steady)[len(steady) // 10] if steady else 0}, "
           f"p90 {sorted(steady)[9 * len(steady) // 10] if steady else 0})")
+    roles = sorted(by_role)
+    print(f"   {'part':24s} {'all':>8s}  " + "  ".join(f"{'consumer ' + str(r - 1):>11s}" for r in roles))
     for k, v in sorted(parts.items(), key=lambda kv: -med(kv[1])):
-        print(f"   {k:24s} {med(v):8.0f}  (n {len(v)})")
+        print(f"   {k:24s} {med(v):8.0f}  " +
+              "  ".join(f"{med(by_role[r].get(k, [])):11.0f}" for r in roles) + f"  (n {len(v)})")
     if bound:
         b = med(bound)
         print(f"tile boundary (last iteration's top .. next tile's second top): median {b:.0f} "

@@ -209,10 +209,22 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
                 float x = -INFINITY;
+                if (EXPT == 60 || EXPT == 61) { /* a tree: 6 levels of dependence, not 64 */
+                    float v[NS];
 #pragma unroll
-                for (int j = 0; j < NS; j++) x = fmaxf(x, fmaxf(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]));
+                    for (int j = 0; j < NS; j++) v[j] = fmaxf(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]);
+#pragma unroll
+                    for (int st = 1; st < NS; st *= 2)
+#pragma unroll
+                        for (int j = 0; j + st < NS; j += 2 * st) v[j] = fmaxf(v[j], v[j + st]);
+                    x = v[0];
+                } else {
+#pragma unroll
+                    for (int j = 0; j < NS; j++) x = fmaxf(x, fmaxf(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]));
+                }
                 mx[hr] = quad_max(x) * mul;
             }
+            if (EXPT == 60) mbar_wait(bar_vfull + 8 * s, ph);
             /* the max before the turn, the exponentials (from mul_t, loaded in it) in it */
             const float mul_t = bar_sync_after(my_bar, 256, mx[0] + mx[1], base + C::OFF_MUL);
             tr(TR_TURN, it);
@@ -235,11 +247,18 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
                 }
                 l[hr] = l[hr] * alpha[hr] + sum;
             }
-            bar_arrive_after(other_bar, 256, l[0] + l[1]); /* every exponential in the turn */
+            if (EXPT == 60 || EXPT == 61) { /* the turn passes once P is packed; the row sums may trail */
+                uint32_t dep = 0;
+#pragma unroll
+                for (int j = 0; j < BN / 16; j++) dep ^= pa[j][0] ^ pa[j][1] ^ pa[j][2] ^ pa[j][3];
+                bar_arrive_after(other_bar, 256, __uint_as_float(dep));
+            } else {
+                bar_arrive_after(other_bar, 256, l[0] + l[1]); /* every exponential in the turn */
+            }
             tr(TR_SOFTMAX, it);
             if (it > 0 && __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))
                 rescale_o(o, alpha);
-            mbar_wait(bar_vfull + 8 * s, ph);
+            if (EXPT != 60) mbar_wait(bar_vfull + 8 * s, ph);
             tr(TR_V_READY, it);
             wg_pin(o);
             wg_fence();
