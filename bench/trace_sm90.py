@@ -15,7 +15,8 @@ the traced blocks' consumers):
   - the next tile's Q: how long after the tile's last loop event the producer issued it, and
     how long it took to land where a consumer was waiting for it.
 
-Plain Python (no numpy): usage  trace_sm90.py FILE
+Plain Python (no numpy): usage  trace_sm90.py FILE [BLOCK T0 T1]; with BLOCK, that block's
+events from cycle T0 to T1 (after its first), merged over its roles, instead
 """
 import statistics
 import struct
@@ -132,8 +133,27 @@ def print_q_latency(runs):
               f"before FETCH: median {med(waits):.0f}")
 
 
+def print_block(runs, b, t0, t1):
+    """Every role's events of block b between cycles t0 and t1 (from the block's first event),
+    merged in time order, one column per role: how the consumers' steps interleave."""
+    evs = sorted((e[2], r, e[0], e[1]) for (b2, r), (ev, _) in runs.items() if b2 == b for e in ev)
+    if not evs:
+        return
+    start = evs[0][0]
+    print(f"block {b}, cycles {t0}..{t1} after its first event (role: producer, consumer 0, 1)")
+    prev = None
+    for t, r, tag, val in evs:
+        if t0 <= t - start <= t1:
+            gap = "" if prev is None else f"+{t - prev}"
+            print(f"   {t - start:8d} {gap:>7s} {'':{12 * r}s}{NAMES.get(tag, tag)}:{val}")
+            prev = t
+
+
 def main():
     runs = read(sys.argv[1])
+    if len(sys.argv) > 2:  # trace_sm90.py FILE BLOCK T0 T1: one block's merged timeline
+        print_block(runs, int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+        return
     full = sum(1 for v in runs.values() if v[1])
     print(f"traced roles: {len(runs)} ({full} hit the event cap; their later events are missing)")
     steady, parts, bound, bparts, tiles, span = [], {}, [], {}, 0, []

@@ -286,6 +286,13 @@ static int time_op(fa_context *ctx, const bench_cfg *cfg, int bwd, const pool *p
         if (times[i] < row->min_s) row->min_s = times[i];
         if (times[i] > row->max_s) row->max_s = times[i];
     }
+    /* FLASHATTN_BENCH_TIMES=1: every timed call's time in call order, for a row whose median
+       moves between runs (is it bimodal, and does it follow the input set?) */
+    if (getenv("FLASHATTN_BENCH_TIMES")) {
+        fprintf(stderr, "# times (us, call order; set = call %% %d):", nsets);
+        for (int i = 0; i < reps; i++) fprintf(stderr, " %.1f", times[i] * 1e6);
+        fprintf(stderr, "\n");
+    }
     row->median_s = tool_median(times, reps);
     row->span_mean_s = span;
     row->gflops = row->flops / row->median_s * 1e-9;
