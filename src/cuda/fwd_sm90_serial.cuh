@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
         m[0] = m[1] = -INFINITY;
         l[0] = l[1] = 0.f;
         if (nt == 0) { /* every key masked: O = 0, LSE = -inf */
-            mbar_arrive(q_empty);
+            consumer_arrive(q_empty);
 #pragma unroll
             for (int i = 0; i < D / 2; i++) o[i] = 0.f;
         }
@@ -200,8 +200,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
             wg_wait<0>();
             wg_pin(sc);
             tr(TR_S_DONE, it);
-            mbar_arrive(bar_kempty + 8 * s);
-            if (it == nt - 1) mbar_arrive(q_empty); /* the tile's last S has read Q */
+            consumer_arrive(bar_kempty + 8 * s);
+            if (it == nt - 1) consumer_arrive(q_empty); /* the tile's last S has read Q */
 
             /* keys outside a row's range (past the sequence included): -inf */
             if (!(kcol0 >= w.lo_max && kcol0 + BN <= w.hi_min)) mask_rows(sc, a, w, kcol0, r_lo, t4);
@@ -274,7 +274,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
             wg_pin(o);
             wg_pin(pa);
             tr(TR_PV_DONE, it);
-            mbar_arrive(bar_vempty + 8 * s);
+            consumer_arrive(bar_vempty + 8 * s);
         }
 
         /* O / l in 16 bits, per warp and 64-column panel through a staging buffer (the 128-byte
