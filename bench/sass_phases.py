@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """bench/sass_phases.py — where a series-loop attention kernel's key iteration spends its time,
 from an Nsight Compute source page (ncu --page source --csv --print-source sass; written by
-bench/ncu_sm90.sh and bench/ncu_peers.sh SASS=1): the lines executed as often as the busiest
-line (the key loop), cut into phases at the loop's landmarks, each phase's share of the loop's
+bench/ncu_sm90.sh and bench/ncu_peers.sh SASS=1): the lines executed as often as the P V products (the
+key loop), cut into phases at the loop's landmarks, each phase's share of the loop's
 warp-stall samples and that share of a given iteration time. Samples fall on a warp evenly in
 time, so a phase's share of the samples is its share of a consumer warp's time.
 
@@ -23,7 +23,10 @@ def main():
     src, execs = hdr.index("Source"), hdr.index("Instructions Executed")
     samp = hdr.index("Warp Stall Sampling (All Samples)")
     lines = [(r[src].strip(), int(r[execs] or 0), int(r[samp] or 0)) for r in data if len(r) > samp]
-    loop_n = collections.Counter(e for _, e, _ in lines if e).most_common(1)[0][0]
+    # the key loop: the lines run as often as the P V products (.tnspB HGMMA), the most
+    # common such count (a causal tile's first and last key tiles may have their own code)
+    loop_n = collections.Counter(e for t, e, _ in lines if e and "HGMMA" in t and "tnspB" in t
+                                 ).most_common(1)[0][0]
     total = sum(s for _, _, s in lines)
     acc, order, phase = {}, [], "top"
     for text, e, s in lines:
