@@ -57,7 +57,7 @@ done
 python3 - "$OUT" <<'PY' | tee "$OUT/launches.md"
 import csv, glob, os, sys
 want = ["Grid Size", "Block Size", "Registers Per Thread", "Dynamic Shared Memory Per Block",
-        "Duration", "SM Frequency", "Compute (SM) Throughput", "Achieved Occupancy"]
+        "Duration", "SM Frequency", "Compute (SM) Throughput", "DRAM Throughput", "Achieved Occupancy"]
 print("| run | kernel | " + " | ".join(want) + " |")
 print("|---|---|" + "---|" * len(want))
 for path in sorted(glob.glob(os.path.join(sys.argv[1], "ncu_*.csv"))):
