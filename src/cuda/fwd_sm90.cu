@@ -57,6 +57,16 @@ int schedule_of(const fa_problem *p, bool uneven) {
     return !uneven && p->seqlen_k <= 1024 ? PINGPONG : OVERLAP;
 }
 
+/* The L2 budget in MB of a tile group's K and V (tile_of's order: the group's (batch, head)
+   pairs at one query block, then at the next) where FLASHATTN_SM90_L2MB leaves it. Unmasked:
+   0, one pair a group, so a pair's query blocks run together and its K/V comes from DRAM
+   once; with 12 MB groups the H100 read 16-22% more DRAM than the tensors (ncu, d 256 x 512:
+   298 MB, 141.7 us against 256 MB, 133.7 us with one pair; d 128 x 2048: 427.7 against
+   421.1 us; the sweep +6% and +3% there). Masked: 12, where the groups hand the longest
+   query blocks of many pairs out first (one pair a group: d 64 causal 2048 -4%, d 256 causal
+   2048 -3%). bench/NOTES.md, 2026-11-27, sixteenth session. */
+double l2mb_for(bool masked) { return masked ? 12.0 : 0.0; }
+
 /* Whether this build holds sm_90a code for the kernel (a build without it has only the empty
    body of the other targets' pass). */
 template <typename C> bool has_sm90a() {
@@ -129,7 +139,8 @@ int env_choice(const char *name, const char *const *vals, int n) {
  *   FLASHATTN_SM90_ALIGN=end|start   a sequence's query blocks end at its last row, or start
  *       at its first
  *   FLASHATTN_SM90_LAZY=<0..8>    softmax rescale threshold, log2 units (0: every increase)
- *   FLASHATTN_SM90_L2MB=<MB>      L2 budget of a tile group's K/V (default 12; 0: one pair)
+ *   FLASHATTN_SM90_L2MB=<MB>      L2 budget of a tile group's K/V (0: one pair; default
+ *       l2mb_for's choice)
  *   FLASHATTN_SM90_TILES=auto|short|long   the tiling (Tiles; auto: long_tiles's choice)
  *   FLASHATTN_SM90_SERIAL=auto|1|0   the series kernel (fwd_sm90_serial.cuh) wherever it serves
  *       the problem (1), the overlapped one (0), or as serial_for picks (auto; the overlapped
@@ -165,7 +176,7 @@ Switches switches() {
     w.lazy = lazy ? (float)atof(lazy) : 8.f;
     if (!(w.lazy >= 0.f && w.lazy <= 8.f)) w.lazy = 8.f; /* P stays below 2^8: what was tested */
     const char *l2 = getenv("FLASHATTN_SM90_L2MB");
-    w.l2mb = l2 ? atof(l2) : 12.0; /* 24 was ~1% slower */
+    w.l2mb = l2 ? atof(l2) : -1.0; /* -1: l2mb_for's choice */
     w.gmode = env_choice("FLASHATTN_SM90_GRID", grid_vals, 4);
     static const char *const tiles_vals[] = {"auto", "short", "long"};
     w.tiles = env_choice("FLASHATTN_SM90_TILES", tiles_vals, 3);
@@ -255,13 +266,14 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.m = fa::score_mods_of(p);
 
     /* the work tiles (tile_of): pairs grouped so that a group's K and V take at most
-       sw.l2mb MB of the L2 (the H100 has 50 MB) */
+       l2mb MB of the L2 (the H100 has 50 MB) */
     a.heads = (int)p->heads_q;
     a.batch = (int)p->batch;
     a.mblocks = (int)((p->seqlen_q + BM - 1) / BM);
     const int64_t tiles = (int64_t)a.mblocks * a.heads * a.batch;
     const double kv_bytes = 4.0 * (double)p->seqlen_k * (double)D / (double)p->group;
-    const double fit = sw.l2mb * 1024 * 1024 / (kv_bytes > 1 ? kv_bytes : 1);
+    const double l2mb = sw.l2mb >= 0 ? sw.l2mb : l2mb_for(masked);
+    const double fit = l2mb * 1024 * 1024 / (kv_bytes > 1 ? kv_bytes : 1);
     a.group_hb = (int)(fit < 1 ? 1 : fit > a.heads * a.batch ? a.heads * a.batch : fit);
     if (tiles > INT32_MAX / 2) { /* tile indices run up to tiles + grid in an int */
         snprintf(l->msg, sizeof l->msg, "the sm90 forward takes at most 2^30 query blocks");

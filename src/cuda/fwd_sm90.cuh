@@ -64,19 +64,6 @@ namespace sm90 {
 #define FA_SM90_EXPT 0
 #endif
 constexpr int EXPT = FA_SM90_EXPT;
-/* EXPT 62: the consumers give K/V slots and Q buffers back by one arrival per warp (lane 0,
-   after the warp's own wait), as cuDNN does, not one per thread: 32 arrivals on one mbarrier
-   from a warp are taken one at a time */
-constexpr bool WARP_ARRIVE = EXPT == 62;
-/* a consumer warp's arrival on an empty barrier (initialised for WARP_ARRIVE's count) */
-__device__ __forceinline__ void consumer_arrive(uint32_t bar) {
-    if (WARP_ARRIVE) {
-        __syncwarp();
-        if (threadIdx.x % 32 == 0) mbar_arrive(bar);
-    } else {
-        mbar_arrive(bar);
-    }
-}
 /* rows of O per copy-engine store (the O map's box): a warp's 16, so that no warp waits for
    the others of its warpgroup before its rows leave */
 constexpr int O_ROWS = EXPT == 12 ? 64 : 16;
@@ -225,13 +212,13 @@ template <int NQ, int STAGES, int CTHREADS> __device__ __forceinline__ void init
     const uint32_t bar_vempty = bar_kempty + 8 * STAGES;
     for (int q = 0; q < NQ; q++) {
         mbar_init(bar_q + 8 * q, 1);
-        mbar_init(bar_qempty + 8 * q, WARP_ARRIVE ? CTHREADS / 32 : CTHREADS);
+        mbar_init(bar_qempty + 8 * q, CTHREADS);
     }
     for (int s = 0; s < STAGES; s++) {
         mbar_init(bar_kfull + 8 * s, 1);
         mbar_init(bar_vfull + 8 * s, 1);
-        mbar_init(bar_kempty + 8 * s, WARP_ARRIVE ? CTHREADS / 32 : CTHREADS);
-        mbar_init(bar_vempty + 8 * s, WARP_ARRIVE ? CTHREADS / 32 : CTHREADS);
+        mbar_init(bar_kempty + 8 * s, CTHREADS);
+        mbar_init(bar_vempty + 8 * s, CTHREADS);
     }
 }
 
@@ -599,13 +586,13 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         mbar_wait(bar_vfull + 8 * slot(pos), phase(pos));
         clear_tail(pos, key0(it));
     };
-    auto free_k = [&](int pos) { consumer_arrive(bar_kempty + 8 * slot(pos)); };
+    auto free_k = [&](int pos) { mbar_arrive(bar_kempty + 8 * slot(pos)); };
     /* trace builds: whether K at ring position pk and V at pv had landed before their waits */
     auto probe = [&](int pk, int pv) {
         return mbar_done(bar_kfull + 8 * slot(pk), phase(pk)) |
                2 * mbar_done(bar_vfull + 8 * slot(pv), phase(pv));
     };
-    auto free_v = [&](int pos) { consumer_arrive(bar_vempty + 8 * slot(pos)); };
+    auto free_v = [&](int pos) { mbar_arrive(bar_vempty + 8 * slot(pos)); };
     /* The wait for the pending P V after a softmax. ptxas hoists a plain wait above the
        softmax (the wait reads no register), so the softmax no longer runs under P V;
        wg_wait_after keeps it below (the row sums need every exponential). That pays where
@@ -669,7 +656,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     auto release = [&]() {
         if (!pending) return;
         if (lane == 0) bulk_wait_read(); /* the warp's copy (the warpgroup's: wtid 0's) */
-        consumer_arrive(pending);
+        mbar_arrive(pending);
         pending = 0;
     };
     auto by_tma = [&](const Tile &x) {
@@ -678,7 +665,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     };
     /* after the tile's last S: the Q buffer goes back now unless O leaves through it */
     auto q_done = [&](const Tile &x, uint32_t q_empty) {
-        if (!by_tma(x)) consumer_arrive(q_empty);
+        if (!by_tma(x)) mbar_arrive(q_empty);
     };
     auto store = [&](const Out &x, bool tma, const float (&mm)[2], const float (&ll)[2],
                      uint32_t q_smem, uint32_t q_empty) {

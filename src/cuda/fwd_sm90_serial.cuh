@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
         m[0] = m[1] = -INFINITY;
         l[0] = l[1] = 0.f;
         if (nt == 0) { /* every key masked: O = 0, LSE = -inf */
-            consumer_arrive(q_empty);
+            mbar_arrive(q_empty);
 #pragma unroll
             for (int i = 0; i < D / 2; i++) o[i] = 0.f;
         }
@@ -200,8 +200,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
             wg_wait<0>();
             wg_pin(sc);
             tr(TR_S_DONE, it);
-            consumer_arrive(bar_kempty + 8 * s);
-            if (it == nt - 1) consumer_arrive(q_empty); /* the tile's last S has read Q */
+            mbar_arrive(bar_kempty + 8 * s);
+            if (it == nt - 1) mbar_arrive(q_empty); /* the tile's last S has read Q */
 
             /* keys outside a row's range (past the sequence included): -inf */
             if (!(kcol0 >= w.lo_max && kcol0 + BN <= w.hi_min)) mask_rows(sc, a, w, kcol0, r_lo, t4);
@@ -209,68 +209,37 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
                 float x = -INFINITY;
-                if (EXPT >= 60) { /* a tree: 6 levels of dependence, not 64 */
-                    float v[NS];
 #pragma unroll
-                    for (int j = 0; j < NS; j++) v[j] = fmaxf(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]);
-#pragma unroll
-                    for (int st = 1; st < NS; st *= 2)
-#pragma unroll
-                        for (int j = 0; j + st < NS; j += 2 * st) v[j] = fmaxf(v[j], v[j + st]);
-                    x = v[0];
-                } else {
-#pragma unroll
-                    for (int j = 0; j < NS; j++) x = fmaxf(x, fmaxf(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]));
-                }
+                for (int j = 0; j < NS; j++) x = fmaxf(x, fmaxf(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]));
                 mx[hr] = quad_max(x) * mul;
-            }
-            if (EXPT == 60 || EXPT == 63) mbar_wait(bar_vfull + 8 * s, ph);
-            float alpha[2], m_use[2];
-            if (EXPT == 63) { /* O's factors before the turn, O rescaled in it (cuDNN's order) */
-#pragma unroll
-                for (int hr = 0; hr < 2; hr++) {
-                    const float m_new = mx[hr] > m[hr] + a.lazy ? mx[hr] : m[hr];
-                    m_use[hr] = m_new == -INFINITY ? 0.f : m_new;
-                    alpha[hr] = fast_exp2(m[hr] - m_use[hr]);
-                    m[hr] = m_new;
-                }
             }
             /* the max before the turn, the exponentials (from mul_t, loaded in it) in it */
             const float mul_t = bar_sync_after(my_bar, 256, mx[0] + mx[1], base + C::OFF_MUL);
             tr(TR_TURN, it);
-            if (EXPT == 63) rescale_o(o, alpha); /* unconditional: free beside the exponentials */
+            float alpha[2];
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
-                if (EXPT != 63) {
-                    /* lazy: the reference max moves only when the tile's exceeds it by more
-                       than a.lazy, so most tiles leave O as it is (fwd_sm90.cuh) */
-                    const float m_new = mx[hr] > m[hr] + a.lazy ? mx[hr] : m[hr];
-                    m_use[hr] = m_new == -INFINITY ? 0.f : m_new;
-                    alpha[hr] = fast_exp2(m[hr] - m_use[hr]);
-                    m[hr] = m_new;
-                }
+                /* lazy: the reference max moves only when the tile's exceeds it by more than
+                   a.lazy, so most tiles leave O as it is (fwd_sm90.cuh) */
+                const float m_new = mx[hr] > m[hr] + a.lazy ? mx[hr] : m[hr];
+                const float m_use = m_new == -INFINITY ? 0.f : m_new;
+                alpha[hr] = fast_exp2(m[hr] - m_use);
+                m[hr] = m_new;
                 float sum = 0.f;
 #pragma unroll
                 for (int j = 0; j < NS; j++) {
-                    const float p0 = fast_exp2(fmaf(sc[4 * j + 2 * hr], mul_t, -m_use[hr]));
-                    const float p1 = fast_exp2(fmaf(sc[4 * j + 2 * hr + 1], mul_t, -m_use[hr]));
+                    const float p0 = fast_exp2(fmaf(sc[4 * j + 2 * hr], mul_t, -m_use));
+                    const float p1 = fast_exp2(fmaf(sc[4 * j + 2 * hr + 1], mul_t, -m_use));
                     sum += p0 + p1;
                     pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(p0, p1);
                 }
                 l[hr] = l[hr] * alpha[hr] + sum;
             }
-            if (EXPT >= 60) { /* the turn passes once P is packed; the row sums may trail */
-                uint32_t dep = 0;
-#pragma unroll
-                for (int j = 0; j < BN / 16; j++) dep ^= pa[j][0] ^ pa[j][1] ^ pa[j][2] ^ pa[j][3];
-                bar_arrive_after(other_bar, 256, __uint_as_float(dep));
-            } else {
-                bar_arrive_after(other_bar, 256, l[0] + l[1]); /* every exponential in the turn */
-            }
+            bar_arrive_after(other_bar, 256, l[0] + l[1]); /* every exponential in the turn */
             tr(TR_SOFTMAX, it);
-            if (EXPT != 63 && it > 0 && __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))
+            if (it > 0 && __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))
                 rescale_o(o, alpha);
-            if (EXPT != 60 && EXPT != 63) mbar_wait(bar_vfull + 8 * s, ph);
+            mbar_wait(bar_vfull + 8 * s, ph);
             tr(TR_V_READY, it);
             wg_pin(o);
             wg_fence();
@@ -286,7 +255,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
             wg_pin(o);
             wg_pin(pa);
             tr(TR_PV_DONE, it);
-            consumer_arrive(bar_vempty + 8 * s);
+            mbar_arrive(bar_vempty + 8 * s);
         }
 
         /* O / l in 16 bits, per warp and 64-column panel through a staging buffer (the 128-byte
