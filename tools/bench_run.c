@@ -289,7 +289,7 @@ static int time_op(fa_context *ctx, const bench_cfg *cfg, int bwd, const pool *p
     /* FLASHATTN_BENCH_TIMES=1: every timed call's time in call order, for a row whose median
        moves between runs (is it bimodal, and does it follow the input set?) */
     if (getenv("FLASHATTN_BENCH_TIMES")) {
-        fprintf(stderr, "# times (us, call order; set = call %% %d):", nsets);
+        fprintf(stderr, "# times (us, in call order after the warm-up; %d input sets in turn):", nsets);
         for (int i = 0; i < reps; i++) fprintf(stderr, " %.1f", times[i] * 1e6);
         fprintf(stderr, "\n");
     }
