@@ -12,17 +12,16 @@ memory), their DEPBAR; the turn's BAR.SYNC and BAR.ARV; P V's HGMMAs (.tnspB) an
 usage: sass_phases.py SASS_CSV [ITERATION_CYCLES]
 """
 import collections
-import csv
 import sys
+
+from sass_stalls import number, read_page
 
 
 def main():
-    rows = list(csv.reader(open(sys.argv[1])))
-    head = next(i for i, r in enumerate(rows) if "Source" in r and "Instructions Executed" in r)
-    hdr, data = rows[head], rows[head + 1:]
+    hdr, data = read_page(sys.argv[1])
     src, execs = hdr.index("Source"), hdr.index("Instructions Executed")
     samp = hdr.index("Warp Stall Sampling (All Samples)")
-    lines = [(r[src].strip(), int(r[execs] or 0), int(r[samp] or 0)) for r in data if len(r) > samp]
+    lines = [(r[src].strip(), number(r[execs]), number(r[samp])) for r in data]
     # the key loop: the lines run as often as the P V products (.tnspB HGMMA), the most
     # common such count (a causal tile's first and last key tiles may have their own code)
     loop_n = collections.Counter(e for t, e, _ in lines if e and "HGMMA" in t and "tnspB" in t

@@ -13,25 +13,32 @@ import collections
 import csv
 
 
+def read_page(path):
+    """The page's header and its full rows (it opens with a line naming the kernel)."""
+    rows = list(csv.reader(open(path)))
+    head = next(i for i, r in enumerate(rows) if "Source" in r and "Address" in r)
+    return rows[head], [r for r in rows[head + 1:] if len(r) >= len(rows[head])]
+
+
+def number(text):
+    """A count as the page writes it (maybe empty, maybe with thousands separators)."""
+    return int((text or "0").replace(",", ""))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("csv")
     ap.add_argument("--lines", type=int, default=25)
     args = ap.parse_args()
-    rows = list(csv.reader(open(args.csv)))
-    # the page starts with a line naming the kernel, then the header
-    head = next(i for i, r in enumerate(rows) if "Source" in r and "Address" in r)
-    hdr, data = rows[head], rows[head + 1:]
+    hdr, data = read_page(args.csv)
     ix = {h: i for i, h in enumerate(hdr)}
     stalls = [h for h in hdr if h.startswith("stall_") and "Not Issued" not in h]
 
     def num(r, h):
-        return int((r[ix[h]] or "0").replace(",", "")) if h in ix else 0
+        return number(r[ix[h]]) if h in ix else 0
 
     total, by_op, executed, lines = collections.Counter(), {}, collections.Counter(), []
     for r in data:
-        if len(r) < len(hdr):
-            continue
         src = r[ix["Source"]].strip()
         words = src.split()
         op = (words[1] if words and words[0].startswith("@") and len(words) > 1 else
