@@ -61,8 +61,8 @@ def med(xs):
 
 def softmax_windows(evs):
     """The key loop's softmax of each iteration as (start, end): from the wait it follows
-    (P V done where the softmax runs at the running max, S done where it runs under P V) to
-    TR_SOFTMAX."""
+    (P V done where the softmax runs at the running max, S done where it runs under P V, the
+    turn in the series kernel) to TR_SOFTMAX."""
     return [(x[2], y[2]) for x, y in zip(evs, evs[1:]) if y[0] == 5 and x[0] in (4, 6, 19)]
 
 
