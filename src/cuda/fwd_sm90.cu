@@ -145,6 +145,8 @@ int env_choice(const char *name, const char *const *vals, int n) {
  *   FLASHATTN_SM90_SERIAL=auto|1|0   the series kernel (fwd_sm90_serial.cuh) wherever it serves
  *       the problem (1), the overlapped one (0), or as serial_for picks (auto; the overlapped
  *       one where FLASHATTN_SM90_TILES or _SCHEDULE is set)
+ *   FLASHATTN_SM90_HALF=1|0       the series kernel's half-width first key tile where a
+ *       consumer's rows see only its first half (the causal diagonal's consumer 0)
  *   FLASHATTN_SM90_GRID=persistent|tiles|static|dynamic|<n>   persistent (default): one block
  *       per SM looping over the tiles, in the dynamic order where tiles differ in length
  *       (masks, varlen), are short (at most 512 keys) or have several Q buffers (it needs
@@ -153,7 +155,7 @@ int env_choice(const char *name, const char *const *vals, int n) {
  *       every block takes several tiles)
  */
 struct Switches {
-    int sched, cross, o_tma, q_early, kv_first, align_end, gmode, blocks, tiles, serial;
+    int sched, cross, o_tma, q_early, kv_first, align_end, gmode, blocks, tiles, serial, half;
     float lazy;
     double l2mb;
 };
@@ -182,6 +184,7 @@ Switches switches() {
     w.tiles = env_choice("FLASHATTN_SM90_TILES", tiles_vals, 3);
     static const char *const serial_vals[] = {"auto", "1", "0"};
     w.serial = env_choice("FLASHATTN_SM90_SERIAL", serial_vals, 3);
+    w.half = env_choice("FLASHATTN_SM90_HALF", on_off, 2) == 0;
     const char *g = getenv("FLASHATTN_SM90_GRID");
     w.blocks = g && atoi(g) > 0 ? atoi(g) : 0;
     return w;
@@ -291,6 +294,7 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.kv_first = sw.kv_first;
     a.align_end = sw.align_end && !serial; /* the series kernel's O copies start at row 0 */
     a.lazy = sw.lazy;
+    a.half_tiles = sw.half;
     /* the ping-pong turns are written for two consumers */
     const bool uneven = a.m.win_left >= 0 || a.m.win_right >= 0 || p->cu_q;
     const int sched = BM != 128 || serial ? (int)OVERLAP

@@ -67,6 +67,10 @@ constexpr int EXPT = FA_SM90_EXPT;
 /* rows of O per copy-engine store (the O map's box): a warp's 16, so that no warp waits for
    the others of its warpgroup before its rows leave */
 constexpr int O_ROWS = EXPT == 12 ? 64 : 16;
+/* a compile-time count as an argument (the product shapes and unrolled loops it sizes) */
+template <int N> struct Int {
+    static constexpr int value = N;
+};
 /* in a tile slot beside the tile's index (< 2^30): the tile sees no key, so the hand-over
    knows whether to start its first S before working the tile out */
 constexpr int NO_KEYS = 1 << 30;
@@ -153,6 +157,7 @@ struct Args {
     int kv_first; /* with one Q buffer the next tile's first K/V goes before its Q */
     int align_end; /* a sequence's query blocks end at its last row (tile_of) */
     float lazy;   /* the running max moves only when it grows by more than this (log2) */
+    int half_tiles; /* the series kernel narrows a consumer's half-seen first key tile */
     ScoreMods m; /* windows (causal: right window 0, bottom-right), scale, softcap, ALiBi */
 };
 

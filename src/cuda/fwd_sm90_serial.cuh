@@ -14,6 +14,8 @@
  *                    exponentials straight into P's 16-bit A fragments; O rescaled when the
  *                    max moved by more than `lazy` (log2)
  *       O += P V    (wgmma, P from registers; the tile's first overwrites O)
+ *     A consumer's first key tile, where its rows see only the first half (consumer 0 at the
+ *     causal diagonal), runs P V (d 64/128: S and the exponentials too) over that half.
  *     Nothing of one key tile overlaps the next within a consumer: the turns make the two
  *     consumers alternate, so one's exponentials run under the other's products. A thread
  *     holds O (D / 2 registers) and S (BN / 2) and little else, which is what lets 128-key
@@ -144,6 +146,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
     const int c = wg - 1, wtid = tid - 128 * wg, warp = wtid / 32, lane = wtid % 32;
     const int g = lane / 4, t4 = lane % 4;
     constexpr int NS = BN / 8; /* n8 tiles of S */
+    constexpr bool NARROW_S = D <= 128; /* a half tile's S and exponentials at half width */
     const uint32_t o_stage = base + C::OFF_O + (4 * c + warp) * 2 * C::O_STAGE;
     /* accumulators in the m16n8 C layout of each warp's 16 rows, as in fwd_sm90.cuh */
     float o[D / 2], sc[BN / 2], m[2], l[2];
@@ -185,20 +188,39 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
             mbar_wait(bar_kfull + 8 * s, ph);
             tr(TR_READY, 4 * pos + there);
             wg_fence();
-            {
+            /* half: this consumer's rows see none of the tile's last BN / 2 keys (consumer 0
+               at the causal diagonal, a sequence's partial last tile), so P V runs over the
+               first half only, and at d 64/128 S and the exponentials too (at d 256 their
+               second shape spills). Only a tile's first (its last keys) can be. As a vote:
+               behind a branch ptxas cannot prove warp-uniform, it serialises every wgmma of
+               the kernel (C7520). */
+            const bool half = __all_sync(0xffffffffu, it == 0 && a.half_tiles &&
+                                         hi_of(a, w, w.row0 + 64 * c + 63) <= kcol0 + BN / 2);
+            const bool half_s = NARROW_S && half;
+            auto s_product = [&](auto n) {
+                constexpr int N = decltype(n)::value;
+                float(&sn)[N / 2] = reinterpret_cast<float(&)[N / 2]>(sc);
                 const Desc dq = desc_sw128(sQ, 16, 1024);
                 const Desc dk = desc_sw128(base + OFF_K + s * KV_TILE, 16, 1024);
-                Wgmma<T, BN>::ss_new(sc, desc_at(dq, 0), desc_at(dk, 0), 0);
+                Wgmma<T, N>::ss_new(sn, desc_at(dq, 0), desc_at(dk, 0), 0);
 #pragma unroll
                 for (int kk = 1; kk < D / 16; kk++) {
                     const uint32_t off = (kk % 4) * 32u;
-                    Wgmma<T, BN>::ss(sc, desc_at(dq, (kk / 4) * Q_PANEL + off),
-                                     desc_at(dk, (kk / 4) * KV_PANEL + off), 1);
+                    Wgmma<T, N>::ss(sn, desc_at(dq, (kk / 4) * Q_PANEL + off),
+                                    desc_at(dk, (kk / 4) * KV_PANEL + off), 1);
                 }
-            }
+            };
+            if (half_s)
+                s_product(Int<BN / 2>{});
+            else
+                s_product(Int<BN>{});
             wg_commit();
             wg_wait<0>();
             wg_pin(sc);
+            if (half_s) {
+#pragma unroll
+                for (int i = BN / 4; i < BN / 2; i++) sc[i] = -INFINITY;
+            }
             tr(TR_S_DONE, it);
             mbar_arrive(bar_kempty + 8 * s);
             if (it == nt - 1) mbar_arrive(q_empty); /* the tile's last S has read Q */
@@ -217,24 +239,32 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
             const float mul_t = bar_sync_after(my_bar, 256, mx[0] + mx[1], base + C::OFF_MUL);
             tr(TR_TURN, it);
             float alpha[2];
+            /* the exponentials of the first NE n8 tiles (a half tile's P V reads no more) */
+            auto exps = [&](auto ne) {
+                constexpr int NE = decltype(ne)::value;
 #pragma unroll
-            for (int hr = 0; hr < 2; hr++) {
-                /* lazy: the reference max moves only when the tile's exceeds it by more than
-                   a.lazy, so most tiles leave O as it is (fwd_sm90.cuh) */
-                const float m_new = mx[hr] > m[hr] + a.lazy ? mx[hr] : m[hr];
-                const float m_use = m_new == -INFINITY ? 0.f : m_new;
-                alpha[hr] = fast_exp2(m[hr] - m_use);
-                m[hr] = m_new;
-                float sum = 0.f;
+                for (int hr = 0; hr < 2; hr++) {
+                    /* lazy: the reference max moves only when the tile's exceeds it by more
+                       than a.lazy, so most tiles leave O as it is (fwd_sm90.cuh) */
+                    const float m_new = mx[hr] > m[hr] + a.lazy ? mx[hr] : m[hr];
+                    const float m_use = m_new == -INFINITY ? 0.f : m_new;
+                    alpha[hr] = fast_exp2(m[hr] - m_use);
+                    m[hr] = m_new;
+                    float sum = 0.f;
 #pragma unroll
-                for (int j = 0; j < NS; j++) {
-                    const float p0 = fast_exp2(fmaf(sc[4 * j + 2 * hr], mul_t, -m_use));
-                    const float p1 = fast_exp2(fmaf(sc[4 * j + 2 * hr + 1], mul_t, -m_use));
-                    sum += p0 + p1;
-                    pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(p0, p1);
+                    for (int j = 0; j < NE; j++) {
+                        const float p0 = fast_exp2(fmaf(sc[4 * j + 2 * hr], mul_t, -m_use));
+                        const float p1 = fast_exp2(fmaf(sc[4 * j + 2 * hr + 1], mul_t, -m_use));
+                        sum += p0 + p1;
+                        pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(p0, p1);
+                    }
+                    l[hr] = l[hr] * alpha[hr] + sum;
                 }
-                l[hr] = l[hr] * alpha[hr] + sum;
-            }
+            };
+            if (half_s)
+                exps(Int<NS / 2>{});
+            else
+                exps(Int<NS>{});
             bar_arrive_after(other_bar, 256, l[0] + l[1]); /* every exponential in the turn */
             tr(TR_SOFTMAX, it);
             if (it > 0 && __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))
@@ -246,9 +276,15 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
             {
                 /* k-step kk: keys 16 kk.. = rows 16 kk.. of every V panel (MN-major) */
                 const Desc dv = desc_sw128(base + OFF_V + s * KV_TILE, KV_PANEL, 1024);
+                auto pv = [&](auto nk) {
 #pragma unroll
-                for (int kk = 0; kk < BN / 16; kk++)
-                    Wgmma<T, D>::rs(o, pa[kk], desc_at(dv, kk * 16 * 128), it > 0 || kk > 0);
+                    for (int kk = 0; kk < decltype(nk)::value; kk++)
+                        Wgmma<T, D>::rs(o, pa[kk], desc_at(dv, kk * 16 * 128), it > 0 || kk > 0);
+                };
+                if (half)
+                    pv(Int<BN / 32>{});
+                else
+                    pv(Int<BN / 16>{});
             }
             wg_commit();
             wg_wait<0>();
