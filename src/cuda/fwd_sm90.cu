@@ -26,11 +26,11 @@ template <typename F> auto with_cfg(int D, bool lng, F f) {
 }
 
 /* Whether p takes the Long tiling: where the GPU runs found it faster (bench/NOTES.md, d 64
-   from 2048 keys unmasked and 4096 masked, d 128 from 8192, d 256 but for masks over at most
-   512 keys); FLASHATTN_SM90_TILES=short|long overrides. */
+   from 2048 keys, d 128 from 8192, d 256 but for masks over at most 512 keys);
+   FLASHATTN_SM90_TILES=short|long overrides. */
 bool long_tiles(const fa_problem *p, int D, int choice, bool masked) {
     if (choice) return choice == 2;
-    if (D == 64) return p->seqlen_k >= (masked ? 4096 : 2048);
+    if (D == 64) return p->seqlen_k >= 2048;
     if (D == 256) return !(masked && p->seqlen_k <= 512);
     return D == 128 && p->seqlen_k >= 8192;
 }
@@ -39,14 +39,15 @@ bool long_tiles(const fa_problem *p, int D, int choice, bool masked) {
    softcap or ALiBi, and stores O by the copy engine only (o_map: O's strides allow a map).
    By default it takes what the GPU runs found it faster on than the overlapped kernel
    (bench/NOTES.md): masked rows up to 2048 keys (d 128 causal 512/1024 +3-6%, d 256 causal
-   512 +10%), unmasked ones up to 512 keys, at d 256 up to 1024 (its 128-key tiles against
-   80). Beyond, the overlapped kernel's S of the next key tile under P V (d 64/128) and
-   d 256's 80-key tiles with that overlap win by 2-10%. Choice 1 forces it wherever it
+   512 +10%), at d 64 up to 1024 (the 192-row tiles, with their consumers' unseen key tiles
+   skipped, +1-2% at 2048 and 8% slower at 1024), unmasked ones up to 512 keys, at d 256 up
+   to 1024 (its 128-key tiles against 80). Beyond, the overlapped kernel's S of the next key
+   tile under P V (d 64/128) and d 256's 80-key tiles with that overlap win by 2-10%. Choice 1 forces it wherever it
    serves, 2 keeps the overlapped kernel. */
 bool serial_for(const fa_problem *p, int D, int choice, bool masked, bool o_map) {
     const bool serves = !p->cu_q && !(p->softcap > 0.f) && !p->alibi && o_map;
     if (!serves || choice == 2) return false;
-    return choice == 1 || p->seqlen_k <= (masked ? 2048 : D == 256 ? 1024 : 512);
+    return choice == 1 || p->seqlen_k <= (masked ? (D == 64 ? 1024 : 2048) : D == 256 ? 1024 : 512);
 }
 
 /* The consumer schedule of a two-consumer tiling where FLASHATTN_SM90_SCHEDULE leaves it to the
@@ -58,14 +59,19 @@ int schedule_of(const fa_problem *p, bool uneven) {
 }
 
 /* The L2 budget in MB of a tile group's K and V (tile_of's order: the group's (batch, head)
-   pairs at one query block, then at the next) where FLASHATTN_SM90_L2MB leaves it. Unmasked:
-   0, one pair a group, so a pair's query blocks run together and its K/V comes from DRAM
-   once; with 12 MB groups the H100 read 16-22% more DRAM than the tensors (ncu, d 256 x 512:
-   298 MB, 141.7 us against 256 MB, 133.7 us with one pair; d 128 x 2048: 427.7 against
-   421.1 us; the sweep +6% and +3% there). Masked: 12, where the groups hand the longest
-   query blocks of many pairs out first (one pair a group: d 64 causal 2048 -4%, d 256 causal
-   2048 -3%). bench/NOTES.md, 2026-11-27, sixteenth session. */
-double l2mb_for(bool masked) { return masked ? 12.0 : 0.0; }
+   pairs at one query block, then at the next) where FLASHATTN_SM90_L2MB leaves it; kv_bytes
+   is a pair's K and V. Unmasked: 0, one pair a group, so a pair's query blocks run together
+   and its K/V comes from DRAM once; with 12 MB groups the H100 read 16-22% more DRAM than the
+   tensors (ncu, d 256 x 512: 298 MB, 141.7 us against 256 MB, 133.7 us with one pair; d 128
+   x 2048: 427.7 against 421.1 us; the sweep +6% and +3% there). Masked: groups, which hand
+   the longest query blocks of many pairs out first (one pair a group: d 64 causal 2048 -4%,
+   d 256 causal 2048 -3%): 48 MB where a pair's K/V is 2 MB or more (12 MB would hold 1-3
+   pairs: d 128 causal 4096/8192 +2/+3%, d 256 causal 4096/8192 +3/+5% in two rounds, d 256
+   causal 2048 +4% in one call, level in another), else 12 (d 64 causal 1024/2048 -7% with
+   48, d 128 causal 2048 -2%). bench/NOTES.md, sixteenth and seventeenth sessions. */
+double l2mb_for(bool masked, double kv_bytes) {
+    return !masked ? 0.0 : kv_bytes >= 2.0 * 1024 * 1024 ? 48.0 : 12.0;
+}
 
 /* Whether this build holds sm_90a code for the kernel (a build without it has only the empty
    body of the other targets' pass). */
@@ -275,7 +281,7 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.mblocks = (int)((p->seqlen_q + BM - 1) / BM);
     const int64_t tiles = (int64_t)a.mblocks * a.heads * a.batch;
     const double kv_bytes = 4.0 * (double)p->seqlen_k * (double)D / (double)p->group;
-    const double l2mb = sw.l2mb >= 0 ? sw.l2mb : l2mb_for(masked);
+    const double l2mb = sw.l2mb >= 0 ? sw.l2mb : l2mb_for(masked, kv_bytes);
     const double fit = l2mb * 1024 * 1024 / (kv_bytes > 1 ? kv_bytes : 1);
     a.group_hb = (int)(fit < 1 ? 1 : fit > a.heads * a.batch ? a.heads * a.batch : fit);
     if (tiles > INT32_MAX / 2) { /* tile indices run up to tiles + grid in an int */

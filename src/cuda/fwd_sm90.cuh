@@ -598,6 +598,28 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                2 * mbar_done(bar_vfull + 8 * slot(pv), phase(pv));
     };
     auto free_v = [&](int pos) { mbar_arrive(bar_vempty + 8 * slot(pos)); };
+    /* The key tiles at the start of tile x's loop (its last keys) that none of this
+       consumer's rows sees: a causal or right-window edge inside the block, where BM and BN
+       do not align (d 64's 192-row blocks on 128-key tiles: two consumers in three skip a
+       tile in every other block). They are given back unread (skip_tiles, after their
+       loads have landed: an early arrival would count toward the slot's previous use). At
+       most STAGES - 2: at a hand-over the skipped slots are awaited before this consumer
+       gives back the last tile's V, so the ring must hold them beside it. */
+    constexpr bool SKIP = NQ >= 2 && STAGES >= 3 && EXPT != 65;
+    auto skip_of = [&](const Tile &x) {
+        if (!SKIP || x.ntiles <= 1) return 0;
+        const int hi = hi_of(a, x, x.row0 + 64 * c + 63);
+        const int nt_c = hi > x.t_first * BN ? (hi - 1) / BN - x.t_first + 1 : 0;
+        return max(0, min(x.ntiles - nt_c, min(x.ntiles - 1, STAGES - 2)));
+    };
+    auto skip_tiles = [&](int pos, int n) {
+        for (int i = 0; i < n; i++) {
+            wait_k(pos + i);
+            free_k(pos + i);
+            mbar_wait(bar_vfull + 8 * slot(pos + i), phase(pos + i));
+            free_v(pos + i);
+        }
+    };
     /* The wait for the pending P V after a softmax. ptxas hoists a plain wait above the
        softmax (the wait reads no register), so the softmax no longer runs under P V;
        wg_wait_after keeps it below (the row sums need every exponential). That pays where
@@ -785,6 +807,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     uint32_t pa[BN / 16][4];
     uint32_t qempty = 0, sQn = 0, qempty_n = 0;
     bool keys = true; /* whether the tile fetched last sees any key */
+    int it0 = 0;      /* the tile's first key tile this consumer computes (skip_of) */
     int t = fetch(sQ, qempty, keys);
     bool primed = false;
     if (t >= 0) tile_of<C>(a, t, w); /* true: the producer passed it */
@@ -801,18 +824,20 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 if (t >= 0) tile_of<C>(a, t, w);
                 continue;
             }
-            wait_k(ring);
+            it0 = skip_of(w);
+            skip_tiles(ring, it0);
+            wait_k(ring + it0);
             my_turn();
-            issue_s(sc, k_smem(ring));
+            issue_s(sc, k_smem(ring + it0));
             your_turn();
             wg_wait<0>();
             wg_pin(sc);
-            free_k(ring);
-            softmax(sc, key0(0), alpha); /* O is 0: no rescale */
+            free_k(ring + it0);
+            softmax(sc, key0(it0), alpha); /* O is 0: no rescale */
             pack_p(sc, pa);
         }
         primed = false;
-        for (int it = 1; it < nt; it++) {
+        for (int it = SKIP ? it0 + 1 : 1; it < nt; it++) {
             const int pos = ring + it;
             tr(TR_ITER, it);
             const int there = probe(pos, pos - 1);
@@ -938,28 +963,31 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         tr(TR_B_TILE);
         if (a.cross && t >= 0 && keys) {
             /* the next tile's first S with this tile's last P V */
-            const int there = probe(last + 1, last);
-            wait_k(last + 1);
+            const int skip = skip_of(wn), first = last + 1 + skip;
+            skip_tiles(last + 1, skip);
+            const int there = probe(first, last);
+            wait_k(first);
             wait_v(last, nt - 1);
             tr(TR_B_READY);
             const uint32_t sQo = sQ, qempty_o = qempty;
             my_turn();
             sQ = sQn;
-            issue_s(sc, k_smem(last + 1));
+            issue_s(sc, k_smem(first));
             issue_pv(pa, v_smem(last));
             your_turn();
-            tr(TR_B_ISSUED, 4 * (last + 1) + there);
+            tr(TR_B_ISSUED, 4 * first + there);
             wg_wait<1>();
             wg_pin(sc);
             tr(TR_B_S_DONE);
-            free_k(last + 1);
+            free_k(first);
             const Out wo = out_of(w);
             const float mo[2] = {m[0], m[1]}, lo[2] = {l[0], l[1]};
             w = wn;
             qempty = qempty_n;
             ring = last + 1;
+            it0 = skip;
             start(w);
-            softmax(sc, key0(0), alpha);
+            softmax(sc, key0(it0), alpha);
             tr(TR_B_SOFTMAX);
             wait_pv();
             wg_pin(o);
