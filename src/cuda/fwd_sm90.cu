@@ -42,8 +42,8 @@ bool long_tiles(const fa_problem *p, int D, int choice, bool masked) {
    512 +10%), at d 64 up to 1024 (the 192-row tiles, with their consumers' unseen key tiles
    skipped, +1-2% at 2048 and 8% slower at 1024), unmasked ones up to 512 keys, at d 256 up
    to 1024 (its 128-key tiles against 80). Beyond, the overlapped kernel's S of the next key
-   tile under P V (d 64/128) and d 256's 80-key tiles with that overlap win by 2-10%. Choice 1 forces it wherever it
-   serves, 2 keeps the overlapped kernel. */
+   tile under P V (d 64/128) and d 256's 80-key tiles with that overlap win by 2-10%.
+   Choice 1 forces it wherever it serves, 2 keeps the overlapped kernel. */
 bool serial_for(const fa_problem *p, int D, int choice, bool masked, bool o_map) {
     const bool serves = !p->cu_q && !(p->softcap > 0.f) && !p->alibi && o_map;
     if (!serves || choice == 2) return false;
