@@ -255,14 +255,31 @@ static fa_status run_kernel(fa_context *ctx, const char *fn, int hopper, launch_
     return FA_OK;
 }
 
+/* The workspace bytes the context knows zero (internal.h: ws_zero_off), for the launcher. */
+static void zero_in(const fa_context *ctx, const void *ws, fa_cuda_launch *l) {
+    if (!ctx->ws_zero_bytes) return;
+    l->zero = (const char *)ws + ctx->ws_zero_off;
+    l->zero_bytes = ctx->ws_zero_bytes;
+}
+
+/* What the launch left zero of the workspace, for the context's next call. */
+static void zero_out(fa_context *ctx, const void *ws, const fa_cuda_launch *l) {
+    if (!l->left_zero) return;
+    ctx->ws_zero_off = (size_t)((const char *)l->left_zero - (const char *)ws);
+    ctx->ws_zero_bytes = l->left_zero_bytes;
+    ctx->ws_zero_set = 1;
+}
+
 static fa_status cuda_fwd(fa_context *ctx, const fa_problem *pin, void *ws, size_t ws_bytes) {
     fa_problem p = *pin;
     fa_cuda_launch l;
     TRY(launch_init(ctx, "fa_fwd", &l, ws, ws_bytes));
     TRY(varlen(ctx, "fa_fwd", &p, ws));
     char why[sizeof ctx->sel.reason];
+    zero_in(ctx, ws, &l);
     TRY(run_kernel(ctx, "fa_fwd", l.cc == 90 && sm90_fwd_enabled() && fa_sm90_fwd_covers(&p),
                    fa_sm90_fwd, fa_sm80_fwd, &p, &l, why, sizeof why));
+    zero_out(ctx, ws, &l);
     record(ctx, "fwd", &l, fwd_workspace(&p));
     if (why[0]) snprintf(ctx->sel.reason, sizeof ctx->sel.reason, "%s", why);
     return FA_OK;
@@ -332,17 +349,10 @@ static fa_status cuda_fwd_kvcache(fa_context *ctx, const fa_problem *p, void *ws
         if (st != FA_OK) return fa_fail(ctx, st, "fa_fwd_kvcache: %s", msg);
     }
     int splits = 1;
-    if (ctx->ws_zero_bytes) {
-        l.zero = (const char *)ws + ctx->ws_zero_off;
-        l.zero_bytes = ctx->ws_zero_bytes;
-    }
+    zero_in(ctx, ws, &l);
     fa_status st = fa_sm80_fwd_kvcache(p, &l, &splits);
     if (st != FA_OK) return fa_fail(ctx, st, "fa_fwd_kvcache: %s", l.msg);
-    if (l.left_zero) {
-        ctx->ws_zero_off = (size_t)((char *)l.left_zero - (char *)ws);
-        ctx->ws_zero_bytes = l.left_zero_bytes;
-        ctx->ws_zero_set = 1;
-    }
+    zero_out(ctx, ws, &l);
     record(ctx, "fwd", &l, WS_HEAD + fa_sm80_kvcache_workspace(p, &l));
     ctx->sel.num_splits = splits;
     if (!ctx->device_checks)

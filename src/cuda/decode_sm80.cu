@@ -217,8 +217,7 @@ extern "C" fa_status fa_sm80_fwd_kvcache(const fa_problem *p, fa_cuda_launch *l,
         /* the split blocks' arrival counts (decode_merge_last), which the kernel leaves zero:
            cleared only where the context does not know them to be */
         const size_t cb = (size_t)pl.row_blocks * p->heads_kv * p->batch * 4;
-        const char *c = (const char *)a.counters, *z = (const char *)l->zero;
-        if (!z || c < z || c + cb > z + l->zero_bytes) e = cudaMemsetAsync(a.counters, 0, cb, st);
+        if (!fa_cuda_ws_zero(l, a.counters, cb)) e = cudaMemsetAsync(a.counters, 0, cb, st);
         l->left_zero = a.counters;
         l->left_zero_bytes = cb;
     }

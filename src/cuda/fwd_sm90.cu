@@ -38,16 +38,17 @@ bool long_tiles(const fa_problem *p, int D, int choice, bool masked) {
 /* Whether the series kernel (fwd_sm90_serial.cuh) takes p: it serves problems without varlen,
    softcap or ALiBi, and stores O by the copy engine only (o_map: O's strides allow a map).
    By default it takes what the GPU runs found it faster on than the overlapped kernel
-   (bench/NOTES.md): masked rows up to 2048 keys (d 128 causal 512/1024 +3-6%, d 256 causal
-   512 +10%), at d 64 up to 1024 (the 192-row tiles, with their consumers' unseen key tiles
-   skipped, +1-2% at 2048 and 8% slower at 1024), unmasked ones up to 512 keys, at d 256 up
-   to 1024 (its 128-key tiles against 80). Beyond, the overlapped kernel's S of the next key
-   tile under P V (d 64/128) and d 256's 80-key tiles with that overlap win by 2-10%.
+   (bench/NOTES.md): masked rows up to 1024 keys (d 128 causal 512 +3-6%, d 256 causal 512
+   +10%), at d 256 up to 2048 (+4-6% there; d 128 causal 2048 runs 2% faster overlapped, d 64
+   on the 192-row tiles with their consumers' unseen key tiles skipped +1-2%), unmasked ones
+   up to 512 keys, at d 256 up to 1024 (its 128-key tiles against 80). Beyond, the
+   overlapped kernel's S of the next key tile under P V (d 64/128) and d 256's 80-key tiles
+   with that overlap win by 2-10%.
    Choice 1 forces it wherever it serves, 2 keeps the overlapped kernel. */
 bool serial_for(const fa_problem *p, int D, int choice, bool masked, bool o_map) {
     const bool serves = !p->cu_q && !(p->softcap > 0.f) && !p->alibi && o_map;
     if (!serves || choice == 2) return false;
-    return choice == 1 || p->seqlen_k <= (masked ? (D == 64 ? 1024 : 2048) : D == 256 ? 1024 : 512);
+    return choice == 1 || p->seqlen_k <= (masked ? (D == 256 ? 2048 : 1024) : D == 256 ? 1024 : 512);
 }
 
 /* The consumer schedule of a two-consumer tiling where FLASHATTN_SM90_SCHEDULE leaves it to the
@@ -321,9 +322,12 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     static const char *const sched_name[] = {"", "_pingpong"};
     const cudaStream_t st = (cudaStream_t)l->stream;
     cudaError_t e = cudaSuccess;
-    if (dynamic && grid < a.tiles) {
+    if (dynamic && grid < a.tiles) { /* the kernel leaves it zero (next_tile) */
         a.counter = (int *)l->ws;
-        e = cudaMemsetAsync(a.counter, 0, sizeof(int), st);
+        if (EXPT == 50 || !fa_cuda_ws_zero(l, a.counter, sizeof(int)))
+            e = cudaMemsetAsync(a.counter, 0, sizeof(int), st);
+        l->left_zero = a.counter;
+        l->left_zero_bytes = sizeof(int);
     }
     if (e == cudaSuccess && a.tiles > 0 && serial)
         e = with_serial(D, [&](auto c) {

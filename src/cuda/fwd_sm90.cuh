@@ -58,7 +58,8 @@ namespace sm90 {
    loop's softmax without the running-max path (AT_MAX), 12 O into the Q buffer by 4-byte
    stores and one copy per warpgroup (O_ROWS 64), 13 with one Q buffer the hand-over works
    out the next tile (tile_of) before its first S instead of under it, 17 at d 256 O stored
-   under the next tile's first S instead of while its Q is awaited (STORE_FIRST).
+   under the next tile's first S instead of while its Q is awaited (STORE_FIRST), 50 the
+   tile counter cleared by a memset before every call (next_tile).
    0 (the default) is the kernel. */
 #ifndef FA_SM90_EXPT
 #define FA_SM90_EXPT 0
@@ -149,7 +150,8 @@ struct Args {
     int seqlen_q, seqlen_k, group;
     int heads, batch, mblocks, tiles, group_hb; /* work tiles: tile_of */
     FastDiv div_group, div_heads, div_gsz, div_gsz_last; /* by per group, heads, group sizes */
-    int *counter; /* persistent grid, dynamic order: the next tile to take (zeroed per call) */
+    int *counter; /* persistent grid, dynamic order: the next tile to take (zero at the
+                     start of a call, and left zero: next_tile) */
     int cross;    /* the pipeline runs on across work tiles (bring-up switch; 2: with one Q
                      buffer as with more, the next tile's Q awaited before the last P V) */
     int o_tma;    /* O leaves through the tile's Q buffer and the copy engine (NQ >= 2) */
@@ -160,6 +162,19 @@ struct Args {
     int half_tiles; /* the series kernel narrows a consumer's half-seen first key tile */
     ScoreMods m; /* windows (causal: right window 0, bottom-right), scale, softcap, ALiBi */
 };
+
+/* The work tile a block takes after t: the grid's stride (static), or the next of the counter
+   (dynamic). A call's draws from the counter are 0 .. tiles - 1 exactly: every block stops at
+   its first draw past the tiles (grid draws) and the others took a tile each (tiles - grid).
+   So the draw of tiles - 1 is the call's last, and it sets the counter back to zero for the
+   next call, which then needs no memset (fa_sm90_fwd, cudaMemsetAsync: ~1 us of GPU time and
+   a launch gap per call). */
+__device__ __forceinline__ int next_tile(const Args &a, int t) {
+    if (!a.counter) return t + (int)gridDim.x;
+    const int v = atomicAdd(a.counter, 1);
+    if (EXPT != 50 && v == a.tiles - 1) *a.counter = 0;
+    return v + (int)gridDim.x;
+}
 
 /* consumer schedules (schedule_of in fwd_sm90.cu; FLASHATTN_SM90_SCHEDULE overrides) */
 enum Schedule { OVERLAP = 0, PINGPONG = 1 };
@@ -324,9 +339,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         tr.init(0, tid == 0);
         if (tid == 0) {
             int pos = 0, tc = 0, t = blockIdx.x; /* the ring position (key tiles so far) */
-            auto next = [&](int t) {
-                return a.counter ? atomicAdd(a.counter, 1) + (int)gridDim.x : t + (int)gridDim.x;
-            };
             /* the Q of the tile-th work tile (t, w: false when none is left) into buffer tc % NQ,
                once the consumers have given it back */
             auto load_q = [&](int tc, int t, const Tile &w) {
@@ -347,7 +359,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                                   x * 64, w.h, w.q0 + w.row0 + 64 * c, w.bt);
             };
             auto find = [&](int t, Tile &x) {
-                while (t < a.tiles && !tile_of<C>(a, t, x)) t = next(t);
+                while (t < a.tiles && !tile_of<C>(a, t, x)) t = next_tile(a, t);
                 return t;
             };
             /* key tile tok.. of kv head hk into ring position pos of the K (or V) ring at off,
@@ -387,7 +399,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 const int q_at = NQ < 2 || !a.q_early ? nt - 1 : NQ == 2 ? min(2, nt - 1) : 0;
                 int tn = 0;
                 if (nt == 0) {
-                    tn = find(next(t), w);
+                    tn = find(next_tile(a, t), w);
                     load_q(tc + 1, tn, w);
                 }
                 /* the K and V of the key tile at token tok of kv head hk, at ring position pos */
@@ -400,7 +412,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 for (int it = 0; it < nt; it++) {
                     if (it >= first) load_pair(hk, k0 + (t_first + nt - 1 - it) * BN, bt);
                     if (it == q_at) { /* w becomes the next tile */
-                        tn = find(next(t), w);
+                        tn = find(next_tile(a, t), w);
                         first = KV_FIRST && a.kv_first && tn < a.tiles && w.ntiles > 0;
                         if (first) load_pair(w.h / a.group, w.k0 + (w.t_first + w.ntiles - 1) * BN, w.bt);
                         load_q(tc + 1, tn, w);

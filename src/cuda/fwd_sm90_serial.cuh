@@ -91,11 +91,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
         regs_dec<C::REG_P>();
         if (tid != 0) return;
         tr.init(0, true);
-        auto next = [&](int t) {
-            return a.counter ? atomicAdd(a.counter, 1) + (int)gridDim.x : t + (int)gridDim.x;
-        };
         auto find = [&](int t) {
-            while (t < a.tiles && !tile_of<C>(a, t, w)) t = next(t);
+            while (t < a.tiles && !tile_of<C>(a, t, w)) t = next_tile(a, t);
             return t;
         };
         auto load_kv = [&](int pos, uint32_t off, uint32_t full, uint32_t empty,
@@ -110,7 +107,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
                           tok, w.bt);
         };
         int pos = 0; /* the ring position: key tiles so far */
-        for (int tc = 0, t = find((int)blockIdx.x);; tc++, t = find(next(t))) {
+        for (int tc = 0, t = find((int)blockIdx.x);; tc++, t = find(next_tile(a, t))) {
             const int qb = tc % NQ;
             const uint32_t full = bar_q + 8 * qb;
             mbar_wait(bar_qempty + 8 * qb, ((uint32_t)(tc / NQ) & 1u) ^ 1u); /* fresh: 1 */

@@ -28,12 +28,20 @@ typedef struct fa_cuda_launch {
     const void *zero;  /* bytes of the workspace known to be zero (NULL: none) ... */
     size_t zero_bytes;
     /* out */
-    void *left_zero;   /* bytes of the workspace this call leaves zero (NULL: none) */
+    void *left_zero;   /* bytes of the workspace this call leaves zero (NULL: none): the
+                          context then passes them as `zero` to its next call */
     size_t left_zero_bytes;
     char kernel[64];   /* e.g. "sm80_fwd_d128_bf16_causal" */
     int tile_q, tile_k, threads;
     char msg[256];     /* on failure: what went wrong */
 } fa_cuda_launch;
+
+/* Whether bytes [p, p + n) of l's workspace are known to be zero (l->zero), so that a launcher
+   whose kernel leaves them zero need not clear them again. */
+static inline int fa_cuda_ws_zero(const fa_cuda_launch *l, const void *p, size_t n) {
+    const char *c = (const char *)p, *z = (const char *)l->zero;
+    return z && c >= z && c + n <= z + l->zero_bytes;
+}
 
 /* Head dims the kernels are compiled for; a call with another d (a multiple of 8) runs the
    next larger one with the extra columns zero-filled on load and not stored. */
@@ -61,8 +69,8 @@ fa_status fa_sm80_fwd_kvcache(const fa_problem *p, fa_cuda_launch *l, int *split
 fa_status fa_sm80_fwd(const fa_problem *p, fa_cuda_launch *l);
 
 /* Hopper forward (cuda/fwd_sm90.cu, kernels in fwd_sm90.cuh and fwd_sm90_serial.cuh).
-   Workspace: FA_SM90_FWD_WORKSPACE bytes at l->ws (its tile counter; without it the
-   persistent grid takes tiles in static order). FA_ERR_UNSUPPORTED, with the reason in
+   Workspace: FA_SM90_FWD_WORKSPACE bytes at l->ws (its tile counter, which the kernel leaves
+   zero: l->left_zero; without it the persistent grid takes tiles in static order). FA_ERR_UNSUPPORTED, with the reason in
    l->msg and nothing queued, for a problem or GPU it does not take. */
 fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l);
 /* Whether the Hopper forward has a kernel for p's head dim (it may still decline p). */
