@@ -33,6 +33,10 @@
 #               their names (e.g. "--head-dim 128 --seqlens 2048,8192 --masks none")
 #   BENCH_ARGS  extra options for `flashattn bench` only (after --sweep, so they override it)
 #   PEERS_ARGS  extra options for bench/peers.py only (e.g. "--impls cudnn")
+#   PAUSE       seconds the GPU idles before each row, on both sides (default 0.25): our
+#               sweep ran its rows back to back while peers.py fills new inputs between
+#               rows, so their rows started from a less throttled clock (per-row minimum
+#               12% above the median for cuDNN, 4% for ours; bench/NOTES.md, 2026-11-27)
 #   DECODE_ROUNDS      rounds of (our decode sweep, the peers') (default 2), best round kept
 #   DECODE_ARGS        options for both `flashattn bench --decode` and bench/peers_decode.py,
 #                      which share their names (e.g. "--batches 1 --cache-lens 8192,32768")
@@ -50,6 +54,7 @@ T0=$(date +%s)
 OUT=${OUT:-/tmp/fa-out}
 BUDGET_S=${BUDGET_S:-540}
 CUDA_ARCHS=${CUDA_ARCHS:-90a}
+PAUSE=${PAUSE:-0.25}
 BUILD=${BUILD:-build-gpu}
 WORK=/tmp/fa-gpu
 DEPS=/tmp/deps
@@ -218,8 +223,8 @@ if has_stage sanitize; then
 fi
 
 if has_stage bench; then
-  TOOL_CMD="$BUILD/tools/flashattn bench --backend cuda --sweep ${SWEEP_ARGS:-} ${BENCH_ARGS:-}"
-  PEERS_CMD="python3 bench/peers.py ${SWEEP_ARGS:-} ${PEERS_ARGS:-}"
+  TOOL_CMD="$BUILD/tools/flashattn bench --backend cuda --sweep --pause $PAUSE ${SWEEP_ARGS:-} ${BENCH_ARGS:-}"
+  PEERS_CMD="python3 bench/peers.py --pause $PAUSE ${SWEEP_ARGS:-} ${PEERS_ARGS:-}"
   # Rounds of our sweep then the peers' (ROUNDS, default 2): this GPU's speed drifts over a
   # call (clocks, neighbours), so the table takes each implementation's best round per row,
   # the same rule for all three. The commands are split into words on purpose (BENCH_ARGS /

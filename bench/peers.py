@@ -15,8 +15,8 @@ with retain_graph.
     python3 bench/peers.py --impls cudnn --head-dim 128 --seqlens 2048 --op fwd
 
 The sweep options share their names with `flashattn bench` (--head-dim, --seqlens, --masks,
---op, --dtype, --tokens, --model-dim, --warmup, --reps, --min-time, --max-time, --rotate), so
-one set of options narrows both.
+--op, --dtype, --tokens, --model-dim, --warmup, --reps, --min-time, --max-time, --rotate,
+--pause), so one set of options narrows both.
 """
 import argparse
 import datetime
@@ -158,6 +158,9 @@ def time_impl(torch, F, args, impl, backend, d, causal, n, dtype, timer):
                 fn = fwd if op == "fwd" else bwd
                 row = dict(base, op=op, sets=nsets)
                 try:
+                    if args.pause > 0:  # the inputs' fill done, then idle: every row alike
+                        torch.cuda.synchronize()
+                        time.sleep(args.pause)
                     warm, _ = timer.run(fn, 0, args.warmup) if args.warmup else ([], 0)
                     reps = rep_count(args, min(warm) if warm else 0)
                     times, span = timer.run(fn, args.warmup, reps)
@@ -206,6 +209,8 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=20, help="at least this many timed calls")
     ap.add_argument("--min-time", type=float, default=0.2, help="and this many seconds")
     ap.add_argument("--max-time", type=float, default=2.0, help="but at most this many")
+    ap.add_argument("--pause", type=float, default=0.0,
+                    help="seconds the GPU idles before each row's warm-up (as flashattn bench)")
     ap.add_argument("--rotate-bytes", "--rotate", type=parse_bytes, default=-1,
                     help="input sets together exceed this (default 4x the L2; 0: one set)")
     ap.add_argument("--seed", type=int, default=None)
@@ -249,10 +254,10 @@ def main(argv=None):
         "cudnn": torch.backends.cudnn.version(),
     }
     print("peers.py: %s, torch %s, CUDA %s, cuDNN %s; warm-up %d, median of >= %d calls and "
-          ">= %g s (at most %g s), inputs rotated over >= %.0f MiB, seed %d" % (
-              machine["device"], machine["torch"], machine["cuda"], machine["cudnn"],
-              args.warmup, args.reps, args.min_time, args.max_time,
-              args.rotate_bytes / 2**20, seed), flush=True)
+          ">= %g s (at most %g s), %g s idle before each row, inputs rotated over >= %.0f MiB, "
+          "seed %d" % (machine["device"], machine["torch"], machine["cuda"], machine["cudnn"],
+                       args.warmup, args.reps, args.min_time, args.max_time, args.pause,
+                       args.rotate_bytes / 2**20, seed), flush=True)
     print("%-5s %-3s %4s %9s %5s %6s  %4s %4s %13s %13s" % (
         "impl", "op", "d", "B/H", "N", "mask", "reps", "sets", "median", "span mean"))
     timer = Timer(torch)
@@ -272,7 +277,8 @@ def main(argv=None):
             "machine": machine,
             "config": {
                 "warmup": args.warmup, "reps": args.reps, "min_time_s": args.min_time,
-                "max_time_s": args.max_time, "rotate_bytes": args.rotate_bytes,
+                "max_time_s": args.max_time, "pause_s": args.pause,
+                "rotate_bytes": args.rotate_bytes,
                 "tokens": args.tokens, "model_dim": args.model_dim, "seed": str(seed),
                 "flops_rule": "fwd 4*B*H*d per visible (query, key) pair, causal square = "
                               "half; bwd 2.5x fwd",

@@ -151,14 +151,15 @@ def build(ours, peers, commit, commands):
     out.append("- shape: %s; FLOPs: forward 4·B·H·N²·d (half for causal), backward 2.5× "
                "forward" % shape)
     rot = cfg.get("rotate_bytes") or 0
-    out.append("- timing (ours): %s; >= %s calls and >= %s s per row, at most %s s; input sets "
-               "of >= %s together" % (
+    out.append("- timing (ours): %s; >= %s calls and >= %s s per row, at most %s s; %s s idle "
+               "before each row; input sets of >= %s together" % (
                    cfg.get("time_rule", "?"), cfg.get("reps", "?"), cfg.get("min_time_s", "?"),
-                   cfg.get("max_time_s", "?"),
+                   cfg.get("max_time_s", "?"), cfg.get("pause_s", 0),
                    "%.0f MiB" % (rot / 2**20) if rot > 0 else
                    "one set (no rotation)" if rot == 0 else "4x the L2"))
     if pcfg:
-        out.append("- timing (peers): %s" % pcfg.get("time_rule", "?"))
+        out.append("- timing (peers): %s; %s s idle before each row" % (
+            pcfg.get("time_rule", "?"), pcfg.get("pause_s", 0)))
     for c in commands:
         out.append("- command: `%s`" % c)
     if ours.get("error"):

@@ -37,6 +37,10 @@ typedef struct bench_cfg {
     int reps;                    /* at least this many timed calls ... */
     double min_time;             /* ... and at least this many seconds of them (0: no floor) */
     double max_time;             /* but stop adding calls past this many seconds (0: no cap) */
+    /* Seconds the device idles before each row's warm-up (--pause): every row then starts
+       from the same idle clock, whatever the row before drew (bench/peers.py does the same,
+       so that both sides' rows start alike). */
+    double pause;
     /* Input sets rotated between calls so that no call finds its operands in a cache the
        previous one warmed: at least 2 sets and this many bytes together; 0: one set. */
     size_t rotate_bytes;

@@ -75,6 +75,7 @@ static cJSON *config_json(const bench_cfg *cfg) {
     cJSON_AddNumberToObject(c, "reps", cfg->reps);
     cJSON_AddNumberToObject(c, "min_time_s", cfg->min_time);
     cJSON_AddNumberToObject(c, "max_time_s", cfg->max_time);
+    cJSON_AddNumberToObject(c, "pause_s", cfg->pause);
     cJSON_AddNumberToObject(c, "rotate_bytes",
                             cfg->rotate_bytes == (size_t)-1 ? -1 : (double)cfg->rotate_bytes);
     cJSON_AddNumberToObject(c, "tokens", (double)cfg->tokens);

@@ -231,6 +231,14 @@ static int time_op(fa_context *ctx, const bench_cfg *cfg, int bwd, const pool *p
         set_error(ctx, row, st, "forward before backward: ");
         return -1;
     }
+    if (cfg->pause > 0) {
+        if (bench_device_sync(dev) != 0) {
+            row->status = FA_ERR_CUDA;
+            snprintf(row->error, sizeof row->error, "device synchronize before the pause failed");
+            return -1;
+        }
+        tool_sleep(cfg->pause);
+    }
     int call_no = 0;
     double est = 0;
     for (int i = 0; i < cfg->warmup && st == FA_OK; i++, call_no++) {

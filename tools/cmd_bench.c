@@ -57,6 +57,7 @@ static void usage(FILE *f) {
             "  --min-time S       and at least S seconds of them (default 0; cuda 0.2)\n"
             "  --max-time S       but no more calls than fit in S seconds, at least 3\n"
             "                     (default 0: no cap; cuda 2)\n"
+            "  --pause S          the device idles S seconds before each row (default 0)\n"
             "  --rotate BYTES     rotate between input sets of at least BYTES together, at\n"
             "                     least 2 sets; 0 uses one set (default 0; cuda 4x the L2)\n"
             "  --no-peak          skip the FMA peak measurement\n"
@@ -236,7 +237,7 @@ int cmd_bench(int argc, char **argv) {
 
     enum { O_BACKEND = 256, O_B, O_H, O_HKV, O_D, O_SEQ, O_SEQQ, O_DT, O_CAUSAL, O_WIN, O_THR,
            O_OP, O_WARM, O_REPS, O_NOPEAK, O_SEED, O_JSON, O_SWEEP, O_TOK, O_MDIM, O_MASKS,
-           O_MINT, O_MAXT, O_ROT, O_DECODE, O_BATCHES, O_LENS, O_CONTIG, O_PAGED, O_PSIZE,
+           O_MINT, O_MAXT, O_PAUSE, O_ROT, O_DECODE, O_BATCHES, O_LENS, O_CONTIG, O_PAGED, O_PSIZE,
            O_CHECKS, O_SPLITS, O_COPY, O_CPU, O_END };
     /* options of one sweep only: refused in the other, rather than silently ignored */
     static const int prefill_only[] = {O_B, O_SEQ, O_SEQQ, O_CAUSAL, O_WIN, O_OP, O_SWEEP,
@@ -257,6 +258,7 @@ int cmd_bench(int argc, char **argv) {
         {"sweep", no_argument, 0, O_SWEEP},           {"tokens", required_argument, 0, O_TOK},
         {"model-dim", required_argument, 0, O_MDIM},  {"masks", required_argument, 0, O_MASKS},
         {"min-time", required_argument, 0, O_MINT},   {"max-time", required_argument, 0, O_MAXT},
+        {"pause", required_argument, 0, O_PAUSE},
         {"rotate", required_argument, 0, O_ROT},
         {"decode", no_argument, 0, O_DECODE},         {"batches", required_argument, 0, O_BATCHES},
         {"cache-lens", required_argument, 0, O_LENS}, {"contiguous", no_argument, 0, O_CONTIG},
@@ -310,6 +312,7 @@ int cmd_bench(int argc, char **argv) {
         case O_MDIM: bad = tool_parse_i64(optarg, &cfg.model_dim) || cfg.model_dim < 1; break;
         case O_MINT: bad = parse_seconds(optarg, &cfg.min_time); break;
         case O_MAXT: bad = parse_seconds(optarg, &cfg.max_time); break;
+        case O_PAUSE: bad = parse_seconds(optarg, &cfg.pause); break;
         case O_ROT: bad = tool_parse_bytes(optarg, &cfg.rotate_bytes); break;
         case O_WIN: {
             long long l, r;
@@ -425,6 +428,7 @@ int cmd_bench(int argc, char **argv) {
            gpu ? "cuda" : "cpu", cfg.warmup, cfg.reps);
     if (cfg.min_time > 0) printf(" and >= %g s", cfg.min_time);
     if (cfg.max_time > 0) printf(" (at most %g s)", cfg.max_time);
+    if (cfg.pause > 0) printf(", %g s idle before each row", cfg.pause);
     printf(", seed %llu, load average %.2f on %d CPUs\n", (unsigned long long)cfg.seed, load0,
            tool_online_cpus());
     if (!gpu && load0 > 0.5 * tool_online_cpus())

@@ -249,6 +249,13 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+void tool_sleep(double s) {
+    if (!(s > 0)) return;
+    struct timespec t = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    while (nanosleep(&t, &t) != 0 && errno == EINTR) {
+    }
+}
+
 double tool_median(double *v, int n) {
     if (n <= 0) return 0;
     qsort(v, (size_t)n, sizeof *v, cmp_double);

@@ -60,6 +60,8 @@ const char *tool_fmt_seconds(char *buf, size_t len, double seconds);
 
 /* Monotonic clock in seconds. */
 double tool_now(void);
+/* Sleeps s seconds (s <= 0: returns at once). */
+void tool_sleep(double s);
 /* Median of n values (sorts v in place). */
 double tool_median(double *v, int n);
 
