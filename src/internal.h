@@ -244,8 +244,9 @@ struct fa_context {
     size_t own_ws_bytes;
     /* Bytes [ws_zero_off, + ws_zero_bytes) of own_ws that the last call left zero (the CUDA
        decode's split counters and the Hopper forward's tile counter, which their kernels set
-       back to zero), so that the next call need not clear them (a memset: ~1 us of GPU and ~6 us of host time per call). Valid for
-       the next call only, and only for the context's own memory: fa_call_finish. */
+       back to zero), so that the next call need not clear them (a memset: ~1 us of GPU and
+       ~6 us of host time per call). Valid for the next call only, and only for the context's
+       own memory: fa_call_finish. */
     size_t ws_zero_off, ws_zero_bytes;
     int ws_zero_set;  /* the running call renewed the range */
     int has_selection;

@@ -241,7 +241,7 @@ int cmd_bench(int argc, char **argv) {
            O_CHECKS, O_SPLITS, O_COPY, O_CPU, O_END };
     /* options of one sweep only: refused in the other, rather than silently ignored */
     static const int prefill_only[] = {O_B, O_SEQ, O_SEQQ, O_CAUSAL, O_WIN, O_OP, O_SWEEP,
-                                       O_TOK, O_MDIM, O_MASKS, O_NOPEAK, O_CPU};
+                                       O_TOK, O_MDIM, O_MASKS, O_NOPEAK, O_CPU, O_PAUSE};
     static const int decode_only[] = {O_BATCHES, O_LENS, O_CONTIG, O_PAGED, O_PSIZE, O_CHECKS,
                                       O_SPLITS, O_COPY};
     char seen[O_END] = {0};

@@ -244,16 +244,16 @@ double tool_now(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 void tool_sleep(double s) {
     if (!(s > 0)) return;
     struct timespec t = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
     while (nanosleep(&t, &t) != 0 && errno == EINTR) {
     }
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
 }
 
 double tool_median(double *v, int n) {

@@ -70,8 +70,9 @@ fa_status fa_sm80_fwd(const fa_problem *p, fa_cuda_launch *l);
 
 /* Hopper forward (cuda/fwd_sm90.cu, kernels in fwd_sm90.cuh and fwd_sm90_serial.cuh).
    Workspace: FA_SM90_FWD_WORKSPACE bytes at l->ws (its tile counter, which the kernel leaves
-   zero: l->left_zero; without it the persistent grid takes tiles in static order). FA_ERR_UNSUPPORTED, with the reason in
-   l->msg and nothing queued, for a problem or GPU it does not take. */
+   zero: l->left_zero; without it the persistent grid takes tiles in static order).
+   FA_ERR_UNSUPPORTED, with the reason in l->msg and nothing queued, for a problem or GPU it
+   does not take. */
 fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l);
 /* Whether the Hopper forward has a kernel for p's head dim (it may still decline p). */
 int fa_sm90_fwd_covers(const fa_problem *p);
