@@ -48,8 +48,7 @@ bool long_tiles(const fa_problem *p, int D, int choice, bool masked) {
 bool serial_for(const fa_problem *p, int D, int choice, bool masked, bool o_map) {
     const bool serves = !p->cu_q && !(p->softcap > 0.f) && !p->alibi && o_map;
     if (!serves || choice == 2) return false;
-    const int64_t up_to = masked ? (D == 256 ? 2048 : 1024) : D == 256 ? 1024 : 512;
-    return choice == 1 || p->seqlen_k <= up_to;
+    return choice == 1 || p->seqlen_k <= (masked ? (D == 256 ? 2048 : 1024) : D == 256 ? 1024 : 512);
 }
 
 /* The consumer schedule of a two-consumer tiling where FLASHATTN_SM90_SCHEDULE leaves it to the
