@@ -59,7 +59,8 @@ namespace sm90 {
    stores and one copy per warpgroup (O_ROWS 64), 13 with one Q buffer the hand-over works
    out the next tile (tile_of) before its first S instead of under it, 17 at d 256 O stored
    under the next tile's first S instead of while its Q is awaited (STORE_FIRST), 50 the
-   tile counter cleared by a memset before every call (next_tile).
+   tile counter cleared by a memset before every call (next_tile); d 64's long tiling with
+   51 three Q buffers (the next tile's Q asked for at its first K/V), 52 four ring stages.
    0 (the default) is the kernel. */
 #ifndef FA_SM90_EXPT
 #define FA_SM90_EXPT 0
@@ -105,7 +106,7 @@ template <int D> struct Tiles;
    as the products at this head dim); 24/160 registers (spills outside the key loop) */
 template <> struct Tiles<64> {
     using C = Cfg<64, 128, 3, 3>;
-    using Long = Cfg<64, 128, 3, 2, 3, 24>;
+    using Long = Cfg<64, 128, EXPT == 52 ? 4 : 3, EXPT == 51 ? 3 : 2, 3, 24>;
 };
 /* d 128 short: 128 keys, 2 stages, 3 Q buffers (224 KB). Long: 176-key tiles (FA3's
    non-causal d 128): fewer per-tile reductions and waits; the ring then leaves room for one Q
