@@ -52,11 +52,15 @@ bool serial_for(const fa_problem *p, int D, int choice, bool masked, bool o_map)
 }
 
 /* The consumer schedule of a two-consumer tiling where FLASHATTN_SM90_SCHEDULE leaves it to the
-   kernel: the ping-pong turns for unmasked rows of at most 1024 keys, where the GPU runs
-   found them faster (d 64 512/1024 +5-6%, d 128 and d 256 at 512 +1-5%; level from 2048 and
-   on masked rows: results/2026-11-25-h100-sm90-pingpong.md), else the free overlap. */
-int schedule_of(const fa_problem *p, bool uneven) {
-    return !uneven && p->seqlen_k <= 1024 ? PINGPONG : OVERLAP;
+   kernel: the ping-pong turns where the GPU runs found them faster, else the free overlap.
+   Unmasked rows of at most 1024 keys (d 64 512/1024 +5-6%, d 128 and d 256 at 512 +1-5%;
+   level from 2048: results/2026-11-25-h100-sm90-pingpong.md), and d 128 under a mask
+   (causal 2048 +2.8%, 4096 +0.9%, 8192 on the 176-key tiles +1.3%, four alternating
+   rounds: results/2026-11-27-h100-sm90-nineteenth.md; at most 1024 keys the series kernel
+   takes these). Not varlen, whose tiles differ in length. */
+int schedule_of(const fa_problem *p, int D, bool masked) {
+    if (p->cu_q) return OVERLAP;
+    return masked ? (D == 128 ? PINGPONG : OVERLAP) : p->seqlen_k <= 1024 ? PINGPONG : OVERLAP;
 }
 
 /* The L2 budget in MB of a tile group's K and V (tile_of's order: the group's (batch, head)
@@ -302,10 +306,10 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.align_end = sw.align_end && !serial; /* the series kernel's O copies start at row 0 */
     a.lazy = sw.lazy;
     a.half_tiles = sw.half;
-    /* the ping-pong turns are written for two consumers */
     const bool uneven = a.m.win_left >= 0 || a.m.win_right >= 0 || p->cu_q;
+    /* the ping-pong turns are written for two consumers */
     const int sched = BM != 128 || serial ? (int)OVERLAP
-                      : sw.sched >= 0 ? sw.sched : schedule_of(p, uneven);
+                      : sw.sched >= 0 ? sw.sched : schedule_of(p, D, masked);
     const int gmode = sw.gmode;
     /* the dynamic order where tiles differ in length, where they are short, and in the
        tilings with two Q buffers or more (both at d 64, d 128's short): equal tiles in the
