@@ -100,7 +100,7 @@ def ratio(a, b):
 
 
 def fmt_ratio(x):
-    return "–" if x is None else "%.2f" % x
+    return "–" if x is None else "%.3f" % x  # 3 places: 0.996 is under a 1.0 bar
 
 
 def geomean(xs):

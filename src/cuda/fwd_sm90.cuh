@@ -59,9 +59,8 @@ namespace sm90 {
    stores and one copy per warpgroup (O_ROWS 64), 13 with one Q buffer the hand-over works
    out the next tile (tile_of) before its first S instead of under it, 17 at d 256 O stored
    under the next tile's first S instead of while its Q is awaited (STORE_FIRST), 50 the
-   tile counter cleared by a memset before every call (next_tile); d 64's long tiling with
-   51 three Q buffers (the next tile's Q asked for at its first K/V), 53 three ring stages
-   instead of four. 0 (the default) is the kernel. */
+   tile counter cleared by a memset before every call (next_tile), 53 d 64's long tiling on
+   three ring stages instead of four. 0 (the default) is the kernel. */
 #ifndef FA_SM90_EXPT
 #define FA_SM90_EXPT 0
 #endif
@@ -104,11 +103,12 @@ template <int D> struct Tiles;
 /* d 64 short: 128 keys, 3 stages, 3 Q buffers (144 KB). Long: three consumers (192-row
    tiles, FA3's d 64 shape): a third warpgroup's products to hide the softmax behind (as long
    as the products at this head dim); 24/160 registers (spills outside the key loop); four
-   stages (176 KB): three consumers drain a stage in a third of the two-consumer time, and
-   the fourth gave +2-4% from 2048 keys (EXPT 53 against 0, nineteenth session) */
+   stages (176 KB; the smem has room beside two Q buffers): the producer's lead over the
+   loads' latency one key tile longer, +1-2% at 4096/8192 keys, level at 2048 (EXPT 53
+   against 0, three rounds: results/2026-11-27-h100-sm90-nineteenth.md) */
 template <> struct Tiles<64> {
     using C = Cfg<64, 128, 3, 3>;
-    using Long = Cfg<64, 128, EXPT == 53 ? 3 : 4, EXPT == 51 ? 3 : 2, 3, 24>;
+    using Long = Cfg<64, 128, EXPT == 53 ? 3 : 4, 2, 3, 24>;
 };
 /* d 128 short: 128 keys, 2 stages, 3 Q buffers (224 KB). Long: 176-key tiles (FA3's
    non-causal d 128): fewer per-tile reductions and waits; the ring then leaves room for one Q
