@@ -60,8 +60,7 @@ namespace sm90 {
    out the next tile (tile_of) before its first S instead of under it, 17 at d 256 O stored
    under the next tile's first S instead of while its Q is awaited (STORE_FIRST), 50 the
    tile counter cleared by a memset before every call (next_tile), 53 d 64's long tiling on
-   three ring stages instead of four, 54 its consumers' row parts fixed (no ROTATE).
-   0 (the default) is the kernel. */
+   three ring stages instead of four. 0 (the default) is the kernel. */
 #ifndef FA_SM90_EXPT
 #define FA_SM90_EXPT 0
 #endif
@@ -431,12 +430,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     }
     regs_inc<C::REG_C>();
 
-    /* ---- consumer warpgroup c: query rows row0 + 64 part .. + 63 of each tile ---- */
-    /* part: c, or with ROTATE (c + n) mod NC at the consumer's n-th tile. Under a causal
-       mask the 64-row parts of d 64's 192-row blocks see different numbers of key tiles
-       (the last part one or two more: skip_of), so with fixed parts the last consumer has
-       the longest chain in every block; rotating spreads that over the consumers. */
-    constexpr bool ROTATE = C::NC == 3 && EXPT != 54;
+    /* ---- consumer warpgroup c: query rows row0 + 64 c .. + 63 of each tile ---- */
     const int c = wg - 1, wtid = tid - 128 * wg, warp = wtid / 32, lane = wtid % 32;
     const int g = lane / 4, t4 = lane % 4;
     tr.init(1 + c, wtid == 0);
@@ -631,7 +625,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     constexpr bool SKIP = NQ >= 2 && STAGES >= 3 && SCHED != PINGPONG && EXPT != 65;
     auto skip_of = [&](const Tile &x) {
         if (!SKIP || x.ntiles <= 1) return 0;
-        const int hi = hi_of(a, x, x.row0 + 63);
+        const int hi = hi_of(a, x, x.row0 + 64 * c + 63);
         const int nt_c = hi > x.t_first * BN ? (hi - 1) / BN - x.t_first + 1 : 0;
         return max(0, min(x.ntiles - nt_c, min(x.ntiles - 1, STAGES - 2)));
     };
@@ -674,27 +668,21 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
 
     /* The next tile from the producer (-1: none left), its Q and Q-empty barrier, and whether
        it sees any key. */
-    int tc = 0, part = c; /* part: this consumer's 64 rows of the tile fetched last */
+    int tc = 0;
     auto fetch = [&](uint32_t &q_smem, uint32_t &q_empty, bool &keys) {
         const int qb = tc % NQ;
         mbar_wait(bar_q + 8 * qb, (uint32_t)(tc / NQ) & 1u);
         const int t = ld_shared_s32(tile_slot + 4 * qb);
         tr(TR_FETCH, t);
-        part = ROTATE ? (c + tc) % NC : c;
         tc++;
-        q_smem = base + (qb * NC + part) * Q_WG;
+        q_smem = base + (qb * NC + c) * Q_WG;
         q_empty = bar_qempty + 8 * qb;
         keys = t < 0 || !(t & NO_KEYS);
         return t < 0 ? t : t & (NO_KEYS - 1);
     };
-    /* tile t into x as this consumer sees it: row0 its own first row (part, of the fetch) */
-    auto own = [&](int t, Tile &x) {
-        tile_of<C>(a, t, x);
-        x.row0 += 64 * part;
-    };
     /* the softmax state of a new tile x */
     auto start = [&](const Tile &x) {
-        r_lo = x.row0 + 16 * warp + g;
+        r_lo = x.row0 + 64 * c + 16 * warp + g;
         slope = alibi_slope_log2(a.m, x.b, x.h);
         m[0] = m[1] = -INFINITY;
         l[0] = l[1] = 0.f;
@@ -716,8 +704,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         pending = 0;
     };
     auto by_tma = [&](const Tile &x) {
-        return C::NQ >= 2 && a.o_tma && x.row0 >= 0 &&
-               (!a.cu_q || x.row0 + 64 <= x.sq);
+        return C::NQ >= 2 && a.o_tma && x.row0 + 64 * c >= 0 &&
+               (!a.cu_q || x.row0 + 64 * c + 64 <= x.sq);
     };
     /* after the tile's last S: the Q buffer goes back now unless O leaves through it */
     auto q_done = [&](const Tile &x, uint32_t q_empty) {
@@ -740,7 +728,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         };
         /* LSE = m ln 2 + log l of the row (rows outside the sequence: not stored) */
         auto store_lse = [&](int hr) {
-            const int row = x.row0 + 16 * warp + g + 8 * hr;
+            const int row = x.row0 + 64 * c + 16 * warp + g + 8 * hr;
             if (a.lse && t4 == 0 && row >= 0 && row < x.sq)
                 a.lse[(int64_t)x.bo * a.lse_sb + (int64_t)x.h * a.lse_sh +
                       (int64_t)(x.q0 + row) * a.lse_st] =
@@ -749,7 +737,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         if (!tma) {
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
-                const int row = x.row0 + 16 * warp + g + 8 * hr;
+                const int row = x.row0 + 64 * c + 16 * warp + g + 8 * hr;
                 uint32_t v[NO];
                 pack_o(v, hr);
                 /* per 4 n8 tiles a 4 x 4 transpose across the quad: then lane t4 holds tile
@@ -802,7 +790,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             if (wtid == 0) {
 #pragma unroll 1
                 for (int p = 0; p < PANELS; p++)
-                    tma_store4(&a.to, q_smem + p * Q_PANEL, p * 64, x.h, x.q0 + x.row0, x.bo);
+                    tma_store4(&a.to, q_smem + p * Q_PANEL, p * 64, x.h, x.q0 + x.row0 + 64 * c, x.bo);
                 bulk_commit();
             }
         } else { /* each warp's 16 rows as soon as the warp has written them */
@@ -811,7 +799,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
 #pragma unroll 1
                 for (int p = 0; p < PANELS; p++)
                     tma_store4(&a.to, q_smem + p * Q_PANEL + warp * 16 * 128, p * 64, x.h,
-                               x.q0 + x.row0 + 16 * warp, x.bo);
+                               x.q0 + x.row0 + 64 * c + 16 * warp, x.bo);
                 bulk_commit();
             }
         }
@@ -839,7 +827,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     int it0 = 0;      /* the tile's first key tile this consumer computes (skip_of) */
     int t = fetch(sQ, qempty, keys);
     bool primed = false;
-    if (t >= 0) own(t, w);
+    if (t >= 0) tile_of<C>(a, t, w); /* true: the producer passed it */
     while (t >= 0) {
         const int nt = w.ntiles;
         if (!primed) {
@@ -850,7 +838,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 q_done(w, qempty);
                 store(out_of(w), by_tma(w), m, l, sQ, qempty);
                 t = fetch(sQ, qempty, keys);
-                if (t >= 0) own(t, w);
+                if (t >= 0) tile_of<C>(a, t, w);
                 continue;
             }
             it0 = skip_of(w);
@@ -932,7 +920,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 tr(TR_B_STORED);
             }
             t = fetch(sQn, qempty_n, keys);
-            if (EXPT == 13 && t >= 0) own(t, wn);
+            if (EXPT == 13 && t >= 0) tile_of<C>(a, t, wn);
             if (a.cross && t >= 0 && keys) { /* keys: tile_of can wait until S is issued */
                 wait_k(last + 1);
                 tr(TR_B_READY);
@@ -942,7 +930,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 issue_s(sc, k_smem(last + 1));
                 your_turn();
                 tr(TR_B_ISSUED);
-                if (EXPT != 13) own(t, wn); /* under the products */
+                if (EXPT != 13) tile_of<C>(a, t, wn); /* under the products */
                 tr(TR_B_TILE);
                 if (!STORE_FIRST) {
                     wg_wait<1>(); /* P V done; the S may still run */
@@ -968,7 +956,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 tr(TR_B_END);
                 primed = true;
             } else {
-                if (EXPT != 13 && t >= 0) own(t, wn);
+                if (EXPT != 13 && t >= 0) tile_of<C>(a, t, wn);
                 if (!STORE_FIRST) {
                     wg_wait<0>();
                     wg_pin(o);
@@ -988,7 +976,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         t = fetch(sQn, qempty_n, keys);
         /* worked out before the products here: under them (as with one Q buffer) measured
            1-3% slower on most d 64/128 rows (results/2026-11-25-h100-sm90-store.md) */
-        if (t >= 0) own(t, wn);
+        if (t >= 0) tile_of<C>(a, t, wn);
         tr(TR_B_TILE);
         if (a.cross && t >= 0 && keys) {
             /* the next tile's first S with this tile's last P V */
