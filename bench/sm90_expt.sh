@@ -17,6 +17,9 @@
 #   STAGES=build bash bench/gpu.sh      # also unpacks the deps the copies' builds need
 #   EXPTS=9 EXPT_STAGES=build bash bench/sm90_expt.sh & STAGES=test bash bench/gpu.sh; wait
 #   EXPTS='0 9' EXPT_STAGES=bench bash bench/sm90_expt.sh
+# Without 0 among EXPTS the bench stage builds nothing (an unused number, e.g. 62, is then the
+# copy of the sources as they are). PEERS (e.g. "cudnn") adds a bench/peers.py run of those
+# implementations to every round, after the experiments, on the same SWEEP_ARGS.
 # Files back: expt.txt (per experiment and round the bench's rows: d, seqlen, mask, TFLOP/s,
 # kernel; then the clock and power under load).
 #
@@ -36,7 +39,7 @@ mkdir -p "$OUT"
 ROOT=$PWD
 # build-gpu as it is and the deps on the paths (gpu.sh's work folder is its: not while
 # another gpu.sh runs, hence not in the build stage, which needs only the unpacked deps)
-if [[ " $STAGES_E " == *" bench "* ]]; then
+if [[ " $STAGES_E " == *" bench "* && " $EXPTS " == *" 0 "* ]]; then
   . bench/device_build.sh
 else
   LIBDIR=$(dirname "$(find /tmp/deps -name 'libcmocka.so*' | head -n 1)")
@@ -133,5 +136,10 @@ if busy:
           % (len(busy), statistics.median(r[0] for r in busy), statistics.median(r[1] for r in busy)))
 PY
     done
+    if [ -n "${PEERS:-}" ]; then
+      echo "=== peers $PEERS round $r" | tee -a "$OUT/expt.txt"
+      # shellcheck disable=SC2086
+      timeout 300 python3 bench/peers.py --ops fwd --impls "$PEERS" ${SWEEP_ARGS:-} 2>&1 | tee -a "$OUT/expt.txt"
+    fi
   done
 fi
