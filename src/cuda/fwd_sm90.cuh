@@ -60,11 +60,18 @@ namespace sm90 {
    out the next tile (tile_of) before its first S instead of under it, 17 at d 256 O stored
    under the next tile's first S instead of while its Q is awaited (STORE_FIRST), 50 the
    tile counter cleared by a memset before every call (next_tile), 53 d 64's long tiling on
-   three ring stages instead of four. 0 (the default) is the kernel. */
+   three ring stages instead of four, 66 a tile's key tiles from the last to the first (ASC).
+   0 (the default) is the kernel. */
 #ifndef FA_SM90_EXPT
 #define FA_SM90_EXPT 0
 #endif
 constexpr int EXPT = FA_SM90_EXPT;
+/* A tile's key tiles go from the first to the last, so that under a causal mask the diagonal
+   (masked) ones come at the end of the key loop, where their masks run beside the products,
+   and the hand-over's first softmax, which nothing overlaps, is an unmasked one: d 64
+   causal 2048/4096 +2-3%, d 128 causal 2048 +4-10% (bench/NOTES.md, 2026-11-27,
+   twenty-first session). Descending (EXPT 66) was FlashAttention's order. */
+constexpr bool ASC = EXPT != 66;
 /* rows of O per copy-engine store (the O map's box): a warp's 16, so that no warp waits for
    the others of its warpgroup before its rows leave */
 constexpr int O_ROWS = EXPT == 12 ? 64 : 16;
@@ -196,6 +203,12 @@ struct Out {
     int row0, sq, q0, bo, h;
 };
 __device__ __forceinline__ Out out_of(const Tile &w) { return Out{w.row0, w.sq, w.q0, w.bo, w.h}; }
+
+/* The key tile that a work tile of key tiles t_first .. t_first + ntiles - 1 visits it-th
+   (ASC: from the first) */
+__device__ __forceinline__ int key_tile(int t_first, int ntiles, int it) {
+    return ASC ? t_first + it : t_first + ntiles - 1 - it;
+}
 
 /* The key range [lo(i), hi(i)) of query row i, both ends non-decreasing in i (as in
    fwd_sm80.cuh): a block visits the tiles of [lo(first row), hi(last row)), never loading the
@@ -333,10 +346,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
 
     /* ---- the producer takes the tiles: the block's first is its index, then the grid's
        stride (static) or the next of a counter (dynamic: blocks that finish early take
-       more). Per tile it loads the K/V tiles from the last (the diagonal one under a causal
-       mask) to the first through the ring, whose position (`ring`) runs on across tiles,
-       and, once both consumers are done with the next Q buffer's previous tile, writes the
-       next tile's index beside that buffer and loads its Q (load_q). ---- */
+       more). Per tile it loads the K/V tiles from the first to the last (ASC: the diagonal
+       one under a causal mask last) through the ring, whose position (`ring`) runs on
+       across tiles, and, once both consumers are done with the next Q buffer's previous
+       tile, writes the next tile's index beside that buffer and loads its Q (load_q). ---- */
     if (wg == 0) {
         regs_dec<C::REG_P>();
         tr.init(0, tid == 0);
@@ -413,11 +426,12 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 };
 #pragma unroll 1
                 for (int it = 0; it < nt; it++) {
-                    if (it >= first) load_pair(hk, k0 + (t_first + nt - 1 - it) * BN, bt);
+                    if (it >= first) load_pair(hk, k0 + key_tile(t_first, nt, it) * BN, bt);
                     if (it == q_at) { /* w becomes the next tile */
                         tn = find(next_tile(a, t), w);
                         first = KV_FIRST && a.kv_first && tn < a.tiles && w.ntiles > 0;
-                        if (first) load_pair(w.h / a.group, w.k0 + (w.t_first + w.ntiles - 1) * BN, w.bt);
+                        if (first)
+                            load_pair(w.h / a.group, w.k0 + key_tile(w.t_first, w.ntiles, 0) * BN, w.bt);
                         load_q(tc + 1, tn, w);
                     }
                 }
@@ -483,6 +497,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     constexpr bool RIGHT_ONLY = D <= 128;
     const float mul = fancy ? 1.f : a.m.scale_log2;
     float slope = 0.f;
+    /* keys in [lo_c, hi_c) are visible to every row of this consumer (start): a tile inside
+       them needs no mask. The block's bounds (w.lo_max, w.hi_min) had d 64's 192-row blocks
+       mask a key tile more in two consumers of three: +2-4% at d 64 causal 2048/4096 */
+    int lo_c = 0, hi_c = 0;
     auto prepare = [&](float (&sc)[BN / 2], int kcol0) {
         if (fancy) {
 #pragma unroll
@@ -493,7 +511,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                     sc[4 * j + e] = score_log2(a.m, sc[4 * j + e], slope, row + w.diag, col);
                 }
         }
-        if (RIGHT_ONLY && a.m.win_left < 0 && kcol0 + BN > w.hi_min) {
+        if (RIGHT_ONLY && a.m.win_left < 0 && kcol0 + BN > hi_c) {
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
                 const int hi = hi_of(a, w, r_lo + 8 * hr) - kcol0 - 2 * t4;
@@ -503,7 +521,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                     for (int e = 0; e < 2; e++)
                         if (8 * j + e >= hi) sc[4 * j + 2 * hr + e] = -INFINITY;
             }
-        } else if (!(kcol0 >= w.lo_max && kcol0 + BN <= w.hi_min)) {
+        } else if (!(kcol0 >= lo_c && kcol0 + BN <= hi_c)) {
             mask_rows(sc, a, w, kcol0, r_lo, t4);
         }
     };
@@ -574,13 +592,13 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]);
     };
     /* Ring position pos (the producer's count of key tiles so far): its slot and phase, and the
-       slot's K and V; key0(it) is the first key of the current tile's key tile it (they run
-       from the last to the first). */
+       slot's K and V; key0(it) is the first key of the current tile's key tile it (ASC: they
+       run from the first to the last). */
     auto slot = [&](int pos) { return pos % STAGES; };
     auto phase = [&](int pos) { return (uint32_t)(pos / STAGES) & 1u; };
     auto k_smem = [&](int pos) { return base + OFF_K + slot(pos) * KV_TILE; };
     auto v_smem = [&](int pos) { return base + OFF_V + slot(pos) * KV_TILE; };
-    auto key0 = [&](int it) { return (w.t_first + w.ntiles - 1 - it) * BN; };
+    auto key0 = [&](int it) { return key_tile(w.t_first, w.ntiles, it) * BN; };
 
     /* Varlen: the rows of a tile past its sequence's last key hold the next sequence's tokens
        (the copy engine zero-fills only past the whole tensor). Their probabilities are 0, but
@@ -613,13 +631,14 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                2 * mbar_done(bar_vfull + 8 * slot(pv), phase(pv));
     };
     auto free_v = [&](int pos) { mbar_arrive(bar_vempty + 8 * slot(pos)); };
-    /* The key tiles at the start of tile x's loop (its last keys) that none of this
-       consumer's rows sees: a causal or right-window edge inside the block, where BM and BN
-       do not align (d 64's 192-row blocks on 128-key tiles: two consumers in three skip a
-       tile in every other block). They are given back unread (skip_tiles, after their
-       loads have landed: an early arrival would count toward the slot's previous use). At
-       most STAGES - 2: at a hand-over the skipped slots are awaited before this consumer
-       gives back the last tile's V, so the ring must hold them beside it. Not under the
+    /* The key tiles at the end of tile x's loop (its last keys; at its start without ASC)
+       that none of this consumer's rows sees: a causal or right-window edge inside the
+       block, where BM and BN do not align (d 64's 192-row blocks on 128-key tiles: two
+       consumers in three skip a tile in every other block). They are given back unread
+       (skip_tiles, after their loads have landed: an early arrival would count toward the
+       slot's previous use), at the hand-over. At most STAGES - 2: there the skipped slots
+       are awaited before this consumer gives back the last tile's V, so the ring must hold
+       them beside it. Not under the
        ping-pong turns, which need both consumers to issue as many products per tile (a
        skip there deadlocks: the forced-pingpong test hung at d64fe29). */
     constexpr bool SKIP = NQ >= 2 && STAGES >= 3 && SCHED != PINGPONG && EXPT != 65;
@@ -684,6 +703,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     auto start = [&](const Tile &x) {
         r_lo = x.row0 + 64 * c + 16 * warp + g;
         slope = alibi_slope_log2(a.m, x.b, x.h);
+        lo_c = lo_of(a, x, min(x.row0 + 64 * c + 63, x.sq - 1));
+        hi_c = hi_of(a, x, x.row0 + 64 * c);
         m[0] = m[1] = -INFINITY;
         l[0] = l[1] = 0.f;
     };
@@ -842,19 +863,23 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 continue;
             }
             it0 = skip_of(w);
-            skip_tiles(ring, it0);
-            wait_k(ring + it0);
+            const int i0 = ASC ? 0 : it0;
+            if (!ASC) skip_tiles(ring, it0);
+            wait_k(ring + i0);
             my_turn();
-            issue_s(sc, k_smem(ring + it0));
+            issue_s(sc, k_smem(ring + i0));
             your_turn();
             wg_wait<0>();
             wg_pin(sc);
-            free_k(ring + it0);
-            softmax(sc, key0(it0), alpha); /* O is 0: no rescale */
+            free_k(ring + i0);
+            softmax(sc, key0(i0), alpha); /* O is 0: no rescale */
             pack_p(sc, pa);
         }
         primed = false;
-        for (int it = SKIP ? it0 + 1 : 1; it < nt; it++) {
+        /* this consumer's key tiles: it_lo .. it_hi - 1 (the skipped ones are at the start, or
+           with ASC at the end) */
+        const int it_lo = ASC ? 0 : it0, it_hi = ASC ? nt - it0 : nt;
+        for (int it = it_lo + 1; it < it_hi; it++) {
             const int pos = ring + it;
             tr(TR_ITER, it);
             const int there = probe(pos, pos - 1);
@@ -897,7 +922,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         release();
         q_done(w, qempty);
         const bool otma = by_tma(w);
-        const int last = ring + nt - 1;
+        const int last = ring + it_hi - 1;
+        const int tail = nt - it_hi; /* ASC: the tile's key tiles skipped at its end */
         Tile wn;
         if (NQ == 1 && a.cross == 1) {
             /* One Q buffer: the next tile's Q has only just been asked for (the buffer went
@@ -906,7 +932,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                tile (D > BN: d 256, +1-3% at 512-2048 keys), else under the next tile's first
                S (d 128 x 176: 2% faster at 8192 keys; results/2026-11-25-h100-sm90-store.md) */
             constexpr bool STORE_FIRST = D > BN && EXPT != 17;
-            wait_v(last, nt - 1);
+            wait_v(last, it_hi - 1);
             my_turn();
             issue_pv(pa, v_smem(last));
             your_turn();
@@ -980,11 +1006,11 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         tr(TR_B_TILE);
         if (a.cross && t >= 0 && keys) {
             /* the next tile's first S with this tile's last P V */
-            const int skip = skip_of(wn), first = last + 1 + skip;
-            skip_tiles(last + 1, skip);
+            const int skip = skip_of(wn), gap = ASC ? tail : skip, first = last + 1 + gap;
+            skip_tiles(last + 1, gap);
             const int there = probe(first, last);
             wait_k(first);
-            wait_v(last, nt - 1);
+            wait_v(last, it_hi - 1);
             tr(TR_B_READY);
             const uint32_t sQo = sQ, qempty_o = qempty;
             my_turn();
@@ -1001,10 +1027,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             const float mo[2] = {m[0], m[1]}, lo[2] = {l[0], l[1]};
             w = wn;
             qempty = qempty_n;
-            ring = last + 1;
+            ring = ASC ? first : last + 1;
             it0 = skip;
             start(w);
-            softmax(sc, key0(it0), alpha);
+            softmax(sc, key0(ASC ? 0 : it0), alpha);
             tr(TR_B_SOFTMAX);
             wait_pv();
             wg_pin(o);
@@ -1018,7 +1044,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             tr(TR_B_END);
             primed = true;
         } else {
-            wait_v(last, nt - 1);
+            wait_v(last, it_hi - 1);
             my_turn();
             issue_pv(pa, v_smem(last));
             your_turn();
@@ -1027,7 +1053,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             wg_pin(pa);
             free_v(last);
             store(out_of(w), otma, m, l, sQ, qempty);
-            ring = last + 1;
+            skip_tiles(last + 1, tail); /* loaded all the same: not left in flight */
+            ring = last + 1 + tail;
             if (t >= 0) {
                 w = wn;
                 sQ = sQn;
