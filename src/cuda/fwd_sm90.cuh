@@ -638,9 +638,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
        (skip_tiles, after their loads have landed: an early arrival would count toward the
        slot's previous use), at the hand-over. At most STAGES - 2: there the skipped slots
        are awaited before this consumer gives back the last tile's V, so the ring must hold
-       them beside it. Not under the
-       ping-pong turns, which need both consumers to issue as many products per tile (a
-       skip there deadlocks: the forced-pingpong test hung at d64fe29). */
+       them beside it. Not under the ping-pong turns, which need both consumers to issue as
+       many products per tile (a skip there deadlocks: the forced-pingpong test hung at
+       d64fe29). */
     constexpr bool SKIP = NQ >= 2 && STAGES >= 3 && SCHED != PINGPONG && EXPT != 65;
     auto skip_of = [&](const Tile &x) {
         if (!SKIP || x.ntiles <= 1) return 0;
@@ -845,7 +845,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     uint32_t pa[BN / 16][4];
     uint32_t qempty = 0, sQn = 0, qempty_n = 0;
     bool keys = true; /* whether the tile fetched last sees any key */
-    int it0 = 0;      /* the tile's first key tile this consumer computes (skip_of) */
+    int nskip = 0;    /* the tile's key tiles this consumer skips (skip_of) */
     int t = fetch(sQ, qempty, keys);
     bool primed = false;
     if (t >= 0) tile_of<C>(a, t, w); /* true: the producer passed it */
@@ -862,9 +862,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 if (t >= 0) tile_of<C>(a, t, w);
                 continue;
             }
-            it0 = skip_of(w);
-            const int i0 = ASC ? 0 : it0;
-            if (!ASC) skip_tiles(ring, it0);
+            nskip = skip_of(w);
+            const int i0 = ASC ? 0 : nskip;
+            if (!ASC) skip_tiles(ring, nskip);
             wait_k(ring + i0);
             my_turn();
             issue_s(sc, k_smem(ring + i0));
@@ -876,9 +876,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             pack_p(sc, pa);
         }
         primed = false;
-        /* this consumer's key tiles: it_lo .. it_hi - 1 (the skipped ones are at the start, or
-           with ASC at the end) */
-        const int it_lo = ASC ? 0 : it0, it_hi = ASC ? nt - it0 : nt;
+        /* this consumer's key tiles: it_lo .. it_hi - 1 (the skipped ones are its last, or
+           without ASC its first) */
+        const int it_lo = ASC ? 0 : nskip, it_hi = ASC ? nt - nskip : nt;
         for (int it = it_lo + 1; it < it_hi; it++) {
             const int pos = ring + it;
             tr(TR_ITER, it);
@@ -1028,9 +1028,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             w = wn;
             qempty = qempty_n;
             ring = ASC ? first : last + 1;
-            it0 = skip;
+            nskip = skip;
             start(w);
-            softmax(sc, key0(ASC ? 0 : it0), alpha);
+            softmax(sc, key0(ASC ? 0 : nskip), alpha);
             tr(TR_B_SOFTMAX);
             wait_pv();
             wg_pin(o);
