@@ -7,7 +7,7 @@ CMAKE_ARGS ?=
 VENV       ?= .venv
 PYTHON     ?= python3
 
-.PHONY: all deps build venv demo test test-asan install clean
+.PHONY: all deps build venv demo test check-pip test-asan install clean
 
 all: build
 
@@ -16,15 +16,19 @@ deps:
 	@scripts/deps.sh
 
 build: deps
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS)
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_VENV=$(abspath $(VENV)) $(CMAKE_ARGS)
 	cmake --build $(BUILD) -j $(JOBS)
 
 demo: build
 	$(BUILD)/tools/flashattn demo
 
-# The Python tests' environment (numpy, ml_dtypes, pytest; torch is left out: too big for CI).
-# Reinstalls only when python/requirements-test.txt changes.
-venv: $(VENV)/.requirements-stamp
+# The Python tests' environment: python/requirements-test.txt (numpy, ml_dtypes, pytest, torch and
+# transformers for the CPU tests, scikit-build-core to build the package), installed only when
+# that file changes; then the package itself, installed as `pip install ./python` does (the tests
+# import that copy, not python/), every time, with the library `make build` just made: pip's
+# prebuilt mode compiles only the extension flashattn._ext (seconds, not the kernels again).
+venv: build $(VENV)/.requirements-stamp
+	PYTHON=$(VENV)/bin/python scripts/pip_install_prebuilt.sh $(BUILD)
 $(VENV)/.requirements-stamp: python/requirements-test.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q -r python/requirements-test.txt
@@ -32,6 +36,11 @@ $(VENV)/.requirements-stamp: python/requirements-test.txt
 
 test: build venv
 	scripts/run_tests.sh $(BUILD)
+
+# `pip install ./python` on a copy of the tree with nothing built, then auditwheel (CI runs it,
+# CPU only: scripts/check_pip_install.sh --cuda builds the CUDA kernels too).
+check-pip: deps
+	scripts/check_pip_install.sh
 
 # The CPU tests again under AddressSanitizer and UBSan (CI runs this after `make test`).
 test-asan: deps

@@ -2,7 +2,8 @@
 # bench/gpu.sh — everything the lent GPU machine is for, in one call: build with the CUDA
 # backend, run the whole test suite, optionally compute-sanitizer, then time our kernels and
 # PyTorch's (FlashAttention-2, cuDNN) on the same sweep and print the joined table last; the
-# decode stage does the same for inference decoding (fa_fwd_kvcache against PyTorch SDPA).
+# decode stage does the same for inference decoding (fa_fwd_kvcache against PyTorch SDPA); the
+# door stage times what a PyTorch user pays per call through our Python package against SDPA.
 #
 # The machine is bare and cannot install packages: cmocka and cJSON come as .deb files that
 # bench/fetch_deps.sh downloaded into .deps/ on the development machine (ignored by git, so
@@ -18,6 +19,11 @@
 #                 bench     flashattn bench --backend cuda --sweep, bench/peers.py, bench/table.py
 #                 decode    flashattn bench --decode, bench/peers_decode.py,
 #                           bench/table_decode.py (not in the default: STAGES="build decode")
+#                 door      bench/torch_door.py against our Python package (installed after
+#                           the build for the test and door stages: install_package): host,
+#                           loop, CUDA-graph and kernel µs per call of flash_attn_func /
+#                           flash_attn_with_kvcache against SDPA cuDNN and flash (door.md,
+#                           door.json; about 90 s; not in the default: STAGES="build door")
 #   SANITIZE_TESTS  the tests the sanitize stage runs (default "test_fwd test_bwd test_kvcache")
 #   SANITIZE=1  adds "sanitize" to the default stages (it is slow, and squeezed by the time kept
 #               for the bench: for a full sanitizer pass use STAGES="build sanitize")
@@ -42,12 +48,14 @@
 #                      which share their names (e.g. "--batches 1 --cache-lens 8192,32768")
 #   DECODE_BENCH_ARGS  for `flashattn bench --decode` only (e.g. "--paged --checks off")
 #   DECODE_PEERS_ARGS  for bench/peers_decode.py only (e.g. "--impls cudnn")
+#   DOOR_ARGS   extra options for bench/torch_door.py (e.g. "--binding ctypes", "--rows small")
 #   OUT         where results go (set by the device tool; default /tmp/fa-out); at most 8
 #               files come back, chosen in this order among those that exist: summary.txt
-#               table.md decode.md ours.json peers.json decode.json sanitize.log test.log
-#               bench.log build.log (the decode stage logs into bench.log; decode.json holds
-#               both sides). Only STAGES="build test bench decode" or more make more than 8:
-#               the last of that list stay behind, and summary.txt names them.
+#               table.md decode.md door.md ours.json peers.json decode.json door.json
+#               sanitize.log test.log bench.log build.log (the decode and door stages log into
+#               bench.log; decode.json holds both sides). STAGES="build test bench decode" or
+#               more make more than 8: the last of that list stay behind, and summary.txt
+#               names them.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 T0=$(date +%s)
@@ -74,7 +82,7 @@ left() { echo $((BUDGET_S - $(elapsed))); }
 # Results are copied out after every stage, so a call cut off at its limit still returns
 # what was done; .tmp files of an interrupted JSON write stay behind. The device returns at
 # most 8 files: the first 8 of this list that exist.
-RESULT_FILES="summary.txt table.md decode.md ours.json peers.json decode.json sanitize.log test.log bench.log build.log"
+RESULT_FILES="summary.txt table.md decode.md door.md ours.json peers.json decode.json door.json sanitize.log test.log bench.log build.log"
 HELD_BACK=""
 publish() {
   local n=0 f
@@ -92,6 +100,23 @@ publish() {
   return 0
 }
 note() { echo "$*" | tee -a "$SUMMARY"; }
+
+# Our Python package for the door stage, against the library already built in $BUILD:
+# scripts/pip_install_prebuilt.sh pip-installs ./python offline (--no-build-isolation) where
+# that script exists; otherwise, or if it fails, the package runs from the source tree on the
+# ctypes path (torch_door.py's table names the binding that ran either way).
+install_package() {
+  if [ -f scripts/pip_install_prebuilt.sh ]; then
+    if bash scripts/pip_install_prebuilt.sh "$BUILD"; then
+      note "install_package: scripts/pip_install_prebuilt.sh $BUILD ok"
+      return 0
+    fi
+    note "install_package: scripts/pip_install_prebuilt.sh failed; FLASHATTN_LIBRARY + PYTHONPATH instead"
+  else
+    note "install_package: no scripts/pip_install_prebuilt.sh; FLASHATTN_LIBRARY + PYTHONPATH"
+  fi
+  export FLASHATTN_LIBRARY=$PWD/$BUILD/libflashattn.so PYTHONPATH=$PWD/python
+}
 
 # run_stage NAME CAP RESERVE MIN CMD...: runs CMD with its output in $WORK/NAME.log (or
 # $STAGE_LOG) under a timeout of CAP seconds, less if the budget minus RESERVE (kept for later
@@ -173,8 +198,10 @@ note "commit: $COMMIT"
 # ---- stages ----
 # seconds kept for the stages after the current one
 DECODE_ROUNDS=${DECODE_ROUNDS:-2}
-decode_reserve=0
-has_stage decode && decode_reserve=$((20 + DECODE_ROUNDS * 120))
+door_reserve=0
+has_stage door && door_reserve=150
+decode_reserve=$door_reserve
+has_stage decode && decode_reserve=$((20 + DECODE_ROUNDS * 120 + door_reserve))
 bench_reserve=$decode_reserve
 has_stage bench && bench_reserve=$((240 + decode_reserve))
 
@@ -185,17 +212,26 @@ if has_stage build; then
   if [ -f "$BUILD/CMakeCache.txt" ] && ! grep -q "CMAKE_GENERATOR:INTERNAL=${gen[1]:-Unix Makefiles}" "$BUILD/CMakeCache.txt"; then
     rm -rf "$BUILD"
   fi
+  # FLASHATTN_VENV: the python3 environment (torch's) for CTest's python entry
+  pyenv=$(python3 -c 'import sys; print(sys.prefix)' 2>/dev/null)
   run_stage build 360 0 60 bash -c "
     set -e
     cmake -S . -B $BUILD ${gen[*]} -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_WITH_CUDA=ON \
-      -DCMAKE_CUDA_ARCHITECTURES='$CUDA_ARCHS' ${CMAKE_ARGS:-}
+      -DCMAKE_CUDA_ARCHITECTURES='$CUDA_ARCHS' ${pyenv:+-DFLASHATTN_VENV=$pyenv} ${CMAKE_ARGS:-}
     cmake --build $BUILD -j $(nproc)
     $BUILD/tools/flashattn info"
   grep -E "warning|error" "$WORK/build.log" | grep -v "^--" | head -n 20
 fi
 
+# the package, installed once against this build, for the python tests and the door stage
+if has_stage test || has_stage door; then
+  echo "=== install_package ($(elapsed)s elapsed) ==="
+  install_package >>"$WORK/build.log" 2>&1 # in this shell: the fallback exports its variables
+  tail -n 1 "$SUMMARY"
+fi
+
 if has_stage test; then
-  run_stage test 240 "$bench_reserve" 30 scripts/run_tests.sh "$BUILD" gpu
+  run_stage test 300 "$bench_reserve" 30 scripts/run_tests.sh "$BUILD" gpu
   grep -E "passed, .* failed|Failed|\*\*\*" "$WORK/test.log" | tail -n 15
 fi
 
@@ -255,9 +291,9 @@ if has_stage decode; then
   for r in $(seq 1 "$DECODE_ROUNDS"); do
     rest=$((DECODE_ROUNDS - r))
     # shellcheck disable=SC2086
-    STAGE_LOG=$WORK/bench.log run_stage "decode$r" 120 $((10 + rest * 120)) 30 $DEC_TOOL_CMD --json "$WORK/decode_ours_$r.json"
+    STAGE_LOG=$WORK/bench.log run_stage "decode$r" 120 $((10 + rest * 120 + door_reserve)) 30 $DEC_TOOL_CMD --json "$WORK/decode_ours_$r.json"
     # shellcheck disable=SC2086
-    STAGE_LOG=$WORK/bench.log run_stage "dpeers$r" 120 $((10 + rest * 120)) 30 $DEC_PEERS_CMD --json "$WORK/decode_peers_$r.json"
+    STAGE_LOG=$WORK/bench.log run_stage "dpeers$r" 120 $((10 + rest * 120 + door_reserve)) 30 $DEC_PEERS_CMD --json "$WORK/decode_peers_$r.json"
   done
   # both sides in one file: {"ours": [rounds], "peers": [rounds]}
   python3 - "$WORK" "$DECODE_ROUNDS" >>"$WORK/bench.log" 2>&1 <<'PY'
@@ -288,13 +324,20 @@ PY
   publish
 fi
 
+if has_stage door; then
+  # shellcheck disable=SC2086
+  STAGE_LOG=$WORK/bench.log run_stage door 150 0 40 python3 bench/torch_door.py \
+    --tool "$BUILD/tools/flashattn" --commit "$COMMIT" --out "$WORK" ${DOOR_ARGS:-}
+  publish
+fi
+
 note "total $(elapsed)s"
 publish
 [ -n "$HELD_BACK" ] && note "held back by the 8-file limit:$HELD_BACK" && publish
 echo
 echo "=== summary ==="
 cat "$SUMMARY"
-for t in table.md decode.md; do
+for t in table.md decode.md door.md; do
   if [ -f "$WORK/$t" ]; then
     echo
     cat "$WORK/$t"

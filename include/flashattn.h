@@ -245,16 +245,76 @@ FA_API fa_status fa_context_set_algo(fa_context *ctx, fa_algo algo);
    FA_ERR_UNSUPPORTED instead of running a slower kernel. */
 FA_API fa_status fa_context_set_strict(fa_context *ctx, int strict);
 /*
- * Device-array checks of fa_fwd_kvcache (default on). The CUDA backend cannot read a cache's
- * seqlens and block_table on the GPU without a round trip, so before using them it runs a small
- * check kernel and waits for its answer: a bad array is then a clear FA_ERR_VARLEN with nothing
- * written, at the price of one stream synchronisation per call (tens of microseconds: most of a
- * decode step). Off (0): no check and no synchronisation (CUDA-graph friendly); the kernels
- * still clamp lengths and page indices so that nothing outside the cache is touched, but a bad
- * array then gives wrong rows instead of an error. (Varlen cu_seqlens are always checked.)
- * FLASHATTN_DEVICE_CHECKS=0 in the environment turns them off for new contexts.
+ * Checks of the index arrays that live in device memory: varlen cu_seqlens_q/k, and a KV
+ * cache's seqlens and block_table. On the CPU they are always checked before anything is
+ * written. On the GPU the host cannot read them without waiting for the device, so:
+ *   FA_DEVICE_CHECKS_ASYNC (0, the default): no host synchronisation. The kernels check the
+ *     elements they use, never read or write outside the tensors on a bad one, and record
+ *     the first bad element in the context's error word (host memory the GPU writes). The
+ *     next call on the context, or fa_context_check(), returns it as FA_ERR_VARLEN with the
+ *     array, the element and its value. The call that met the bad element returned FA_OK and
+ *     its outputs are not to be trusted: a KV-cache call computes with clamped lengths and
+ *     page indices (and appends nothing to a sequence whose length is bad, nor to a page whose
+ *     block_table entry is), a varlen call computes nothing (every sequence taken as empty).
+ *     CUDA-graph friendly. Varlen calls also need max_seqlen_q/k > 0 here (0 asks the
+ *     library to compute them, which reads the arrays back: one synchronisation), and a
+ *     sequence longer than max_seqlen is a bad element.
+ *   FA_DEVICE_CHECKS_SYNC (1): before the call a small kernel checks the arrays and the host
+ *     waits for its answer (one stream synchronisation per call, tens of microseconds): a bad
+ *     array is FA_ERR_VARLEN with nothing written. Not allowed while the stream is captured
+ *     into a CUDA graph (FA_ERR_UNSUPPORTED, the capture left intact).
+ * Other modes are FA_ERR_INVALID_ARGUMENT. FLASHATTN_DEVICE_CHECKS=1 in the environment makes
+ * new contexts synchronous.
  */
-FA_API fa_status fa_context_set_device_checks(fa_context *ctx, int on);
+#define FA_DEVICE_CHECKS_ASYNC 0
+#define FA_DEVICE_CHECKS_SYNC 1
+FA_API fa_status fa_context_set_device_checks(fa_context *ctx, int mode);
+/*
+ * Returns, and clears, the error that kernels of earlier calls on ctx recorded in its error
+ * word (FA_ERR_VARLEN, fa_last_error() naming the array, the element and its value), or FA_OK
+ * (always on a CPU context). It does not wait for the GPU: it sees what finished kernels
+ * wrote, so synchronise the stream first to include all the work queued on it. Every call
+ * that runs kernels (fa_fwd, fa_bwd, fa_fwd_kvcache, fa_merge_attn; not the workspace
+ * queries) checks the word first and, when one is set, fails with it (and clears it) without
+ * running or writing anything. The word belongs to the context: CUDA graphs captured from its
+ * calls write it when replayed, so destroy the context only after their last replay.
+ */
+FA_API fa_status fa_context_check(fa_context *ctx);
+/*
+ * The CUDA device a context's calls run on: each call makes `device` current for its
+ * duration and restores the caller's current device afterwards. -1 (the default): the
+ * caller's current device. Tensors must live on that device (FA_ERR_DEVICE otherwise).
+ * A device that does not exist or that the backend cannot use is FA_ERR_DEVICE, and device
+ * < -1 FA_ERR_INVALID_ARGUMENT. The CPU backend accepts and ignores it.
+ */
+FA_API fa_status fa_context_set_device(fa_context *ctx, int device);
+/*
+ * A workspace allocator, for callers whose memory has an owner already (a framework's caching
+ * allocator). Each call that needs workspace asks alloc(user, bytes, stream) for it (bytes =
+ * what the fa_*_workspace_size query of the call gives; stream: the context's) and returns it
+ * with release(user, ptr, bytes, stream) before the call returns, after its kernels are
+ * queued (also when the call fails after the allocation): the allocator must be
+ * stream-ordered (memory released this way may be handed out again only to work ordered after
+ * it on that stream, as PyTorch's caching allocator and cudaMallocAsync do). alloc returns
+ * NULL on failure (FA_ERR_OUT_OF_MEMORY). Host memory for the CPU backend, device memory for
+ * CUDA. A workspace set with fa_context_set_workspace takes precedence. a = NULL returns to
+ * the context's own buffer. struct_size must be sizeof(fa_allocator) of the caller's header
+ * (FA_ERR_INVALID_ARGUMENT when it is smaller than the first version's); alloc and release
+ * are required (FA_ERR_NULL_POINTER).
+ * CUDA graphs: a call captured with an allocator takes its workspace from it (cudaMallocAsync
+ * and PyTorch's allocator are legal under capture). Without one, a captured call uses the
+ * context's own buffer as it stands: it fails with FA_ERR_WORKSPACE when the buffer would have
+ * to grow (make the same call once before the capture), and the graph keeps using the buffer,
+ * so replays must not overlap other work of the context, and the buffer must not be replaced
+ * (a later call that needs more, fa_context_destroy) while the graph is replayed.
+ */
+typedef struct fa_allocator {
+    size_t struct_size;
+    void *(*alloc)(void *user, size_t bytes, void *stream);
+    void (*release)(void *user, void *ptr, size_t bytes, void *stream);
+    void *user;
+} fa_allocator;
+FA_API fa_status fa_context_set_allocator(fa_context *ctx, const fa_allocator *a);
 /*
  * Hands the context a workspace of `bytes` bytes (host memory for the CPU backend, device
  * memory for CUDA). With no workspace set (the default, or ptr NULL) the context allocates and

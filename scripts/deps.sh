@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the build needs when they are missing: the C test framework
-# (cmocka), the JSON writer of the `flashattn` tool (cJSON), pkg-config, cmake and python3-venv.
+# (cmocka), the JSON writer of the `flashattn` tool (cJSON), pkg-config, cmake, python3-venv, and
+# python3-dev (Python.h, for the package's extension).
 set -euo pipefail
 need=()
 pkg-config --version >/dev/null 2>&1 || need+=(pkg-config)
@@ -13,6 +14,9 @@ else
 fi
 # python3 -m venv (for the Python package's tests) needs ensurepip, a separate Debian package
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
+# the package's extension (make venv builds it) compiles against Python.h
+python3 -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+  >/dev/null 2>&1 || need+=(python3-dev)
 [ ${#need[@]} -eq 0 ] && exit 0
 echo "deps: installing ${need[*]}"
 if [ "$(id -u)" -eq 0 ]; then sudo=""; elif command -v sudo >/dev/null; then sudo="sudo -n"; else

@@ -1,8 +1,10 @@
 /*
  * context.c — the small public pieces: status and dtype names, tensor and params
- * constructors, the context and its settings, error messages and the selection record.
+ * constructors, the context and its settings, error messages, the error word and the selection
+ * record.
  */
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -152,14 +154,24 @@ fa_status fa_context_create(fa_context **out, fa_backend backend) {
     ctx->threads = env_int("FLASHATTN_NUM_THREADS", 0);
     ctx->log = env_int("FLASHATTN_LOG", 0) != 0;
     ctx->strict = env_int("FLASHATTN_STRICT", 0) != 0;
-    ctx->device_checks = env_int("FLASHATTN_DEVICE_CHECKS", 1) != 0;
+    ctx->device_checks = env_int("FLASHATTN_DEVICE_CHECKS", 0) != 0 ? FA_DEVICE_CHECKS_SYNC
+                                                                     : FA_DEVICE_CHECKS_ASYNC;
+    ctx->device = -1;
+    if (ops->ctx_init) {
+        fa_status st = ops->ctx_init(ctx);
+        if (st != FA_OK) {
+            free(ctx);
+            return st;
+        }
+    }
     *out = ctx;
     return FA_OK;
 }
 
 void fa_context_destroy(fa_context *ctx) {
     if (!ctx) return;
-    if (ctx->own_ws) ctx->ops->ws_free(ctx->own_ws);
+    if (ctx->own_ws) ctx->ops->ws_free(ctx->own_ws, ctx->own_ws_device);
+    if (ctx->ops->ctx_free) ctx->ops->ctx_free(ctx);
     free(ctx);
 }
 
@@ -194,9 +206,53 @@ fa_status fa_context_set_algo(fa_context *ctx, fa_algo algo) {
     return FA_OK;
 }
 
-fa_status fa_context_set_device_checks(fa_context *ctx, int on) {
+fa_status fa_context_set_device_checks(fa_context *ctx, int mode) {
     NEED_CTX("fa_context_set_device_checks");
-    ctx->device_checks = on != 0;
+    if (mode != FA_DEVICE_CHECKS_ASYNC && mode != FA_DEVICE_CHECKS_SYNC)
+        return fa_fail(ctx, FA_ERR_INVALID_ARGUMENT,
+                       "fa_context_set_device_checks: mode = %d, must be FA_DEVICE_CHECKS_ASYNC "
+                       "(0) or FA_DEVICE_CHECKS_SYNC (1)",
+                       mode);
+    ctx->device_checks = mode;
+    return FA_OK;
+}
+
+fa_status fa_context_check(fa_context *ctx) {
+    NEED_CTX("fa_context_check");
+    return fa_take_device_error(ctx, "fa_context_check");
+}
+
+fa_status fa_context_set_device(fa_context *ctx, int device) {
+    NEED_CTX("fa_context_set_device");
+    if (device < -1)
+        return fa_fail(ctx, FA_ERR_INVALID_ARGUMENT,
+                       "fa_context_set_device: device = %d, must be >= 0 (or -1: the caller's "
+                       "current device)",
+                       device);
+    fa_status st = device >= 0 && ctx->ops->set_device ? ctx->ops->set_device(ctx, device) : FA_OK;
+    if (st == FA_OK) ctx->device = device;
+    return st;
+}
+
+/* The first version of fa_allocator ends with `user`; later ones may add fields after it. */
+#define FA_ALLOCATOR_V1_SIZE (offsetof(fa_allocator, user) + sizeof(void *))
+
+fa_status fa_context_set_allocator(fa_context *ctx, const fa_allocator *a) {
+    NEED_CTX("fa_context_set_allocator");
+    if (!a) {
+        memset(&ctx->alloc, 0, sizeof ctx->alloc);
+        return FA_OK;
+    }
+    if (a->struct_size < FA_ALLOCATOR_V1_SIZE)
+        return fa_fail(ctx, FA_ERR_INVALID_ARGUMENT,
+                       "fa_context_set_allocator: struct_size = %zu, at least %zu expected "
+                       "(set it to sizeof(fa_allocator))",
+                       a->struct_size, (size_t)FA_ALLOCATOR_V1_SIZE);
+    if (!a->alloc || !a->release)
+        return fa_fail(ctx, FA_ERR_NULL_POINTER, "fa_context_set_allocator: %s is NULL",
+                       a->alloc ? "release" : "alloc");
+    memcpy(&ctx->alloc, a, FA_ALLOCATOR_V1_SIZE);
+    ctx->alloc.struct_size = sizeof ctx->alloc;
     return FA_OK;
 }
 
@@ -226,4 +282,69 @@ void fa_select(fa_context *ctx, const char *backend, const char *op, const char 
     snprintf(ctx->sel.op, sizeof ctx->sel.op, "%s", op);
     snprintf(ctx->sel.kernel, sizeof ctx->sel.kernel, "%s", kernel);
     ctx->sel.num_splits = 1;
+}
+
+/* ---- bad device index arrays ---- */
+
+void fa_bad_index_format(const fa_bad_index *r, char *buf, size_t len) {
+    const char *cu = r->array ? "cu_seqlens_k" : "cu_seqlens_q", *t = r->array ? "k" : "q";
+    switch ((fa_bad_kind)r->kind) {
+    case FA_BAD_SEQLEN_NEGATIVE:
+        snprintf(buf, len, "cache->seqlens[%d] = %d is negative", r->i, r->value);
+        return;
+    case FA_BAD_SEQLEN_ROOM:
+        if (r->prev)
+            snprintf(buf, len,
+                     "cache->seqlens[%d] = %d with %d new tokens exceeds the cache's capacity of "
+                     "%lld tokens",
+                     r->i, r->value, r->prev, (long long)r->limit);
+        else
+            snprintf(buf, len,
+                     "cache->seqlens[%d] = %d exceeds the cache's capacity of %lld tokens", r->i,
+                     r->value, (long long)r->limit);
+        return;
+    case FA_BAD_PAGE:
+        snprintf(buf, len, "cache->block_table[%d][%d] = %d is outside the pool of %lld pages",
+                 r->i, r->j, r->value, (long long)r->limit);
+        return;
+    case FA_BAD_CU_START: snprintf(buf, len, "%s[0] = %d, must be 0", cu, r->value); return;
+    case FA_BAD_CU_DECREASE:
+        snprintf(buf, len, "%s[%d] = %d is less than %s[%d] = %d (the array must not decrease)",
+                 cu, r->i, r->value, cu, r->i - 1, r->prev);
+        return;
+    case FA_BAD_CU_PAST:
+        snprintf(buf, len, "%s[%d] = %d is past the %lld tokens of %s", cu, r->i, r->value,
+                 (long long)r->limit, t);
+        return;
+    case FA_BAD_CU_LONG:
+        snprintf(buf, len, "%s[%d] - %s[%d] = %d - %d exceeds max_seqlen_%s = %lld", cu, r->i, cu,
+                 r->i - 1, r->value, r->prev, t, (long long)r->limit);
+        return;
+    case FA_BAD_CU_END:
+        snprintf(buf, len, "%s[batch = %d] = %d but %s holds %lld tokens", cu, r->i, r->value, t,
+                 (long long)r->limit);
+        return;
+    case FA_BAD_NONE: break;
+    }
+    snprintf(buf, len, "a device index array holds a bad element (record kind %d)", r->kind);
+}
+
+/* The device writes the word's fields, then its kind (internal.h): an acquire load of the kind
+   orders the reads of the fields after it; the release store that clears it lets the device
+   record the next one. */
+fa_status fa_take_device_error(fa_context *ctx, const char *fn) {
+    fa_bad_index *w = ctx->errw;
+    if (!w) return FA_OK;
+    const int32_t kind = __atomic_load_n(&w->kind, __ATOMIC_ACQUIRE);
+    if (kind == FA_BAD_NONE) return FA_OK;
+    const volatile fa_bad_index *v = w;
+    fa_bad_index r = {kind, v->array, v->i, v->j, v->value, v->prev, v->limit};
+    __atomic_store_n(&w->kind, FA_BAD_NONE, __ATOMIC_RELEASE);
+    char what[256];
+    fa_bad_index_format(&r, what, sizeof what);
+    return fa_fail(ctx, FA_ERR_VARLEN,
+                   "%s: %s, found by the kernels of an earlier call on this context "
+                   "(FA_DEVICE_CHECKS_ASYNC; that call's outputs are not to be trusted); the "
+                   "record is now cleared",
+                   fn, what);
 }

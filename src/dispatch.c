@@ -355,31 +355,67 @@ static fa_status validate(fa_call *c, fa_problem *pr) {
     return FA_OK;
 }
 
-/* The workspace for a call: the user's if set (and large enough), else the context's own. */
-static fa_status workspace(fa_context *ctx, const char *fn, size_t need, void **ws, size_t *bytes) {
+/* A call's workspace: where it came from decides who frees it and whether the context's
+   knowledge of zero bytes (ws_zero_*) applies. */
+typedef enum { WS_NONE, WS_USER, WS_LENT, WS_OWN } ws_source;
+
+/* The context's own buffer, grown (or moved to the call's device) when too small. Growing
+   frees and allocates device memory, which a stream being captured into a CUDA graph forbids:
+   then the call fails and says how to avoid it. */
+static fa_status own_workspace(fa_context *ctx, const char *fn, size_t need) {
+    if (need <= ctx->own_ws_bytes && ctx->own_ws_device == ctx->call_device) return FA_OK;
+    if (ctx->ops->capturing && ctx->ops->capturing(ctx)) {
+        const int moved = ctx->own_ws && ctx->own_ws_device != ctx->call_device;
+        return fa_fail(ctx, FA_ERR_WORKSPACE,
+                       "%s: needs %zu bytes of workspace and the context's own buffer (%zu "
+                       "bytes%s) cannot be replaced while its stream is being captured into a "
+                       "CUDA graph: make the same call once before the capture, or give the "
+                       "context an allocator (fa_context_set_allocator) or a workspace",
+                       fn, need, ctx->own_ws_bytes, moved ? ", on another device" : "");
+    }
+    ctx->ws_zero_bytes = 0;
+    if (ctx->own_ws) ctx->ops->ws_free(ctx->own_ws, ctx->own_ws_device);
+    ctx->own_ws = NULL;
+    ctx->own_ws_bytes = 0;
+    size_t rounded = (need + 255) & ~(size_t)255;
+    void *m = rounded < need ? NULL : ctx->ops->ws_alloc(rounded);
+    if (!m)
+        return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes of workspace", fn,
+                       need);
+    ctx->own_ws = m;
+    ctx->own_ws_bytes = rounded;
+    ctx->own_ws_device = ctx->call_device;
+    ctx->own_ws_graphed = 0;
+    return FA_OK;
+}
+
+/* The workspace for a call: the user's if set (and large enough), else the allocator's, else
+   the context's own. */
+static fa_status workspace(fa_context *ctx, const char *fn, size_t need, void **ws, size_t *bytes,
+                           ws_source *src) {
     if (ctx->user_ws) {
         if (need > ctx->user_ws_bytes)
             return fa_fail(ctx, FA_ERR_WORKSPACE, "%s: needs %zu bytes of workspace, got %zu", fn,
                            need, ctx->user_ws_bytes);
         *ws = ctx->user_ws;
         *bytes = ctx->user_ws_bytes;
+        *src = WS_USER;
         return FA_OK;
     }
-    if (need > ctx->own_ws_bytes) {
-        ctx->ws_zero_bytes = 0;
-        if (ctx->own_ws) ctx->ops->ws_free(ctx->own_ws);
-        ctx->own_ws = NULL;
-        ctx->own_ws_bytes = 0;
-        size_t rounded = (need + 255) & ~(size_t)255;
-        void *m = rounded < need ? NULL : ctx->ops->ws_alloc(rounded);
-        if (!m)
-            return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes of workspace",
+    if (ctx->alloc.alloc) {
+        *ws = ctx->alloc.alloc(ctx->alloc.user, need, ctx->stream);
+        if (!*ws)
+            return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY,
+                           "%s: the context's allocator returned NULL for %zu bytes of workspace",
                            fn, need);
-        ctx->own_ws = m;
-        ctx->own_ws_bytes = rounded;
+        *bytes = need;
+        *src = WS_LENT;
+        return FA_OK;
     }
+    FA_TRY(own_workspace(ctx, fn, need));
     *ws = ctx->own_ws;
     *bytes = ctx->own_ws_bytes;
+    *src = WS_OWN;
     return FA_OK;
 }
 
@@ -399,11 +435,13 @@ fa_status fa_call_begin(fa_call *c, fa_params *defaults) {
     ctx->has_selection = 0;
     *defaults = fa_params_default();
     if (!c->p) c->p = defaults;
-    return FA_OK;
+    /* a bad index that kernels of an earlier call met fails the next call that would run */
+    return c->query_only ? FA_OK : fa_take_device_error(ctx, c->fn);
 }
 
-fa_status fa_call_finish(fa_call *c, const fa_problem *pr, fa_ws_entry ws_entry,
-                         fa_run_entry run_entry, size_t *query_bytes) {
+/* fa_call_finish on the call's device. */
+static fa_status finish(fa_call *c, const fa_problem *pr, fa_ws_entry ws_entry,
+                        fa_run_entry run_entry, size_t *query_bytes) {
     fa_context *ctx = c->ctx;
     size_t need;
     FA_TRY(ws_entry(ctx, pr, &need));
@@ -413,16 +451,32 @@ fa_status fa_call_finish(fa_call *c, const fa_problem *pr, fa_ws_entry ws_entry,
     }
     void *ws = NULL;
     size_t ws_bytes = 0;
-    if (need) FA_TRY(workspace(ctx, c->fn, need, &ws, &ws_bytes));
-    /* the user's memory may change between calls; any call may write anywhere in its
-       workspace unless it renews the range */
-    if (!ws || ws != ctx->own_ws) ctx->ws_zero_bytes = 0;
+    ws_source src = WS_NONE;
+    if (need) FA_TRY(workspace(ctx, c->fn, need, &ws, &ws_bytes, &src));
+    /* the user's and the allocator's memory may change between calls, and replays of a graph
+       that captured a call on the own buffer write it behind the context's back; any call may
+       write anywhere in its workspace unless it renews the range */
+    if (src == WS_OWN && ctx->ops->capturing && ctx->ops->capturing(ctx)) ctx->own_ws_graphed = 1;
+    const int know_zero = src == WS_OWN && !ctx->own_ws_graphed;
+    if (!know_zero) ctx->ws_zero_bytes = 0;
     ctx->ws_zero_set = 0;
     const fa_status st = run_entry(ctx, pr, ws, ws_bytes);
-    if (!ctx->ws_zero_set || ws != ctx->own_ws) ctx->ws_zero_bytes = 0;
+    if (!ctx->ws_zero_set || !know_zero) ctx->ws_zero_bytes = 0;
+    /* stream-ordered: work queued on ctx->stream may still use it (fa_allocator) */
+    if (src == WS_LENT) ctx->alloc.release(ctx->alloc.user, ws, need, ctx->stream);
     FA_TRY(st);
     fa_call_done(ctx);
     return FA_OK;
+}
+
+fa_status fa_call_finish(fa_call *c, const fa_problem *pr, fa_ws_entry ws_entry,
+                         fa_run_entry run_entry, size_t *query_bytes) {
+    fa_context *ctx = c->ctx;
+    int saved = -1;
+    if (ctx->ops->enter) FA_TRY(ctx->ops->enter(ctx, c->fn, &saved));
+    const fa_status st = finish(c, pr, ws_entry, run_entry, query_bytes);
+    if (ctx->ops->leave) ctx->ops->leave(saved);
+    return st;
 }
 
 void fa_call_done(fa_context *ctx) {

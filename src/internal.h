@@ -222,6 +222,39 @@ static inline void *fa_at(const fa_operand *a, fa_dtype dt, int64_t b, int64_t t
     return (char *)a->data + (size_t)(b * a->sb + t * a->st + h * a->sh) * fa_dtype_size(dt);
 }
 
+/* ---- device index arrays found bad by kernels ---- */
+
+/*
+ * One bad element of a device index array (varlen cu_seqlens, a KV cache's seqlens and
+ * block_table), as the CUDA kernels report it: into the context's error word (host memory the
+ * GPU writes: FA_DEVICE_CHECKS_ASYNC) or into the workspace of a check kernel the host waits
+ * for (FA_DEVICE_CHECKS_SYNC). Writers fill the fields first and `kind` last, so a reader that
+ * sees kind != 0 sees the whole record.
+ */
+typedef enum fa_bad_kind {
+    FA_BAD_NONE = 0,
+    FA_BAD_SEQLEN_NEGATIVE = 1, /* cache->seqlens[i] = value < 0 */
+    FA_BAD_SEQLEN_ROOM = 2,     /* cache->seqlens[i] = value, + prev new tokens > limit */
+    FA_BAD_PAGE = 3,            /* cache->block_table[i][j] = value outside [0, limit) */
+    FA_BAD_CU_START = 4,        /* cu_seqlens[0] = value != 0 */
+    FA_BAD_CU_DECREASE = 5,     /* cu_seqlens[i] = value < cu_seqlens[i - 1] = prev */
+    FA_BAD_CU_PAST = 6,         /* cu_seqlens[i] = value > limit, the tensor's tokens */
+    FA_BAD_CU_LONG = 7,         /* cu_seqlens[i] - cu_seqlens[i - 1] = value - prev > limit */
+    FA_BAD_CU_END = 8           /* cu_seqlens[i = batch] = value != limit, the tensor's tokens */
+} fa_bad_kind;
+
+typedef struct fa_bad_index {
+    int32_t kind;   /* fa_bad_kind; FA_BAD_NONE: nothing recorded */
+    int32_t array;  /* cu_seqlens: 0 for _q, 1 for _k */
+    int32_t i, j;   /* the element: sequence (or prefix index) and block_table column */
+    int32_t value;  /* what it holds */
+    int32_t prev;   /* the element before it (cu_seqlens), or seqlen_new (seqlens) */
+    int64_t limit;  /* the bound it breaks */
+} fa_bad_index;
+
+/* "cache->block_table[1][7] = 9999 is outside the pool of 512 pages" */
+void fa_bad_index_format(const fa_bad_index *r, char *buf, size_t len);
+
 /* ---- the context ---- */
 
 #define FA_ERRMSG_LEN 512
@@ -236,28 +269,44 @@ struct fa_context {
     void *stream;
     fa_algo algo;
     int strict;
-    int device_checks; /* see fa_context_set_device_checks */
+    int device_checks; /* FA_DEVICE_CHECKS_ASYNC or _SYNC (fa_context_set_device_checks) */
+    int device;       /* fa_context_set_device: -1 the caller's current device */
+    int call_device;  /* the device the running call runs on (the backend's enter); 0 on CPU */
     int log;
     void *user_ws;    /* set by fa_context_set_workspace, not owned */
     size_t user_ws_bytes;
+    fa_allocator alloc; /* fa_context_set_allocator; alloc.alloc NULL: none */
     void *own_ws;     /* owned, grown on demand */
     size_t own_ws_bytes;
+    int own_ws_device; /* the call_device own_ws was allocated on */
+    int own_ws_graphed; /* a call on own_ws was captured into a CUDA graph, whose replays write
+                           it unseen: no bytes of it are known zero from then on */
     /* Bytes [ws_zero_off, + ws_zero_bytes) of own_ws that the last call left zero (the CUDA
        decode's split counters and the Hopper forward's tile counter, which their kernels set
        back to zero), so that the next call need not clear them (a memset: ~1 us of GPU and
        ~6 us of host time per call). Valid for the next call only, and only for the context's
-       own memory: fa_call_finish. */
+       own memory that no graph uses: fa_call_finish. */
     size_t ws_zero_off, ws_zero_bytes;
     int ws_zero_set;  /* the running call renewed the range */
+    /* The error word: where kernels of this context record the first bad index they meet
+       (FA_DEVICE_CHECKS_ASYNC). Host memory the device writes (errw), and the address kernels
+       use (errw_dev); both NULL where the backend has none (CPU). */
+    fa_bad_index *errw;
+    void *errw_dev;
     int has_selection;
     fa_selection sel;
     char err[FA_ERRMSG_LEN];
 };
 
+/* Returns, and clears, the bad index recorded in ctx's error word as FA_ERR_VARLEN with a
+   message for fn; FA_OK when none is recorded. Reads host memory only: no device work. */
+fa_status fa_take_device_error(fa_context *ctx, const char *fn);
+
 /*
  * A backend: a small table of entry points (ggml style). Each entry chooses its kernel,
  * fills ctx->sel (kernel name, tiles, threads, reason) and runs it. *_workspace reports the
  * bytes the same call would need without running anything. Problems arrive validated.
+ * Entries after `merge` may be NULL where a backend has nothing to do.
  */
 typedef struct fa_backend_ops {
     const char *name;
@@ -265,10 +314,11 @@ typedef struct fa_backend_ops {
     fa_status (*fwd)(fa_context *ctx, const fa_problem *p, void *ws, size_t ws_bytes);
     fa_status (*bwd_workspace)(fa_context *ctx, const fa_problem *p, size_t *bytes);
     fa_status (*bwd)(fa_context *ctx, const fa_problem *p, void *ws, size_t ws_bytes);
-    /* Memory the context owns for workspaces: host memory for the CPU, device memory for CUDA.
-       ws_alloc returns NULL on failure. */
+    /* Memory the context owns for workspaces: host memory for the CPU, device memory of the
+       current device for CUDA. ws_alloc returns NULL on failure; ws_free takes the device the
+       memory was allocated on (ctx->own_ws_device). */
     void *(*ws_alloc)(size_t bytes);
-    void (*ws_free)(void *ptr);
+    void (*ws_free)(void *ptr, int device);
     /* fa_fwd_kvcache (problem with kv_seqlens set) and fa_merge_attn. NULL: the backend has no
        such kernel, and the dispatcher answers FA_ERR_UNSUPPORTED. The kvcache entry appends
        k_new/v_new (if any) and then attends; it records the split count it used in
@@ -276,6 +326,20 @@ typedef struct fa_backend_ops {
     fa_status (*fwd_kvcache)(fa_context *ctx, const fa_problem *p, void *ws, size_t ws_bytes);
     fa_status (*fwd_kvcache_workspace)(fa_context *ctx, const fa_problem *p, size_t *bytes);
     fa_status (*merge)(fa_context *ctx, const fa_merge_problem *m);
+    /* Per-context state: ctx_init in fa_context_create (the CUDA error word is allocated
+       there, never inside a call, which may run under stream capture; failures reported with
+       fa_fail(NULL, ...)), ctx_free in fa_context_destroy. */
+    fa_status (*ctx_init)(fa_context *ctx);
+    void (*ctx_free)(fa_context *ctx);
+    /* fa_context_set_device: whether `device` (>= 0) can serve calls. */
+    fa_status (*set_device)(fa_context *ctx, int device);
+    /* Around the backend entries of every call: enter makes the context's device current
+       (setting ctx->call_device) and *saved what leave restores. */
+    fa_status (*enter)(fa_context *ctx, const char *fn, int *saved);
+    void (*leave)(int saved);
+    /* 1 when the context's stream is being captured into a CUDA graph, where nothing may be
+       allocated, freed or waited for. */
+    int (*capturing)(const fa_context *ctx);
 } fa_backend_ops;
 
 extern const fa_backend_ops fa_cpu_backend;

@@ -367,6 +367,15 @@ static fa_status validate_merge(fa_call *c, int n, const fa_tensor *out_parts,
     return FA_OK;
 }
 
+/* The backend's merge, with the context's device current (fa_call_finish does the same). */
+static fa_status merge_on_device(fa_context *ctx, const fa_merge_problem *m) {
+    int saved = -1;
+    if (ctx->ops->enter) FA_TRY(ctx->ops->enter(ctx, "fa_merge_attn", &saved));
+    const fa_status st = ctx->ops->merge(ctx, m);
+    if (ctx->ops->leave) ctx->ops->leave(saved);
+    return st;
+}
+
 fa_status fa_merge_attn(fa_context *ctx, int n, const fa_tensor *out_parts,
                         const fa_tensor *lse_parts, fa_tensor *out, fa_tensor *lse) {
     fa_call c = {ctx, "fa_merge_attn", NULL, NULL, NULL, out, lse, NULL, NULL, NULL, NULL, NULL,
@@ -396,7 +405,7 @@ fa_status fa_merge_attn(fa_context *ctx, int n, const fa_tensor *out_parts,
         st = fa_fail(ctx, FA_ERR_UNSUPPORTED,
                      "fa_merge_attn: the %s backend has no merge kernel in this build",
                      ctx->ops->name);
-    if (st == FA_OK) st = ctx->ops->merge(ctx, &m);
+    if (st == FA_OK) st = merge_on_device(ctx, &m);
     if (st == FA_OK) fa_call_done(ctx);
     free(a);
     free(names);

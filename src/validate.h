@@ -68,15 +68,17 @@ fa_operand fa_operand_of(const fa_tensor *t, int varlen);
 /* ---- the steps of every entry point around its own validation ---- */
 
 /* Needs c->ctx (FA_ERR_NULL_POINTER), clears its message and selection record, and points a
-   NULL c->p at *defaults. */
+   NULL c->p at *defaults. A call that runs (not a workspace query) fails here with the bad
+   index kernels of an earlier call recorded in the context's error word (FA_ERR_VARLEN). */
 fa_status fa_call_begin(fa_call *c, fa_params *defaults);
 
 typedef fa_status (*fa_ws_entry)(fa_context *ctx, const fa_problem *p, size_t *bytes);
 typedef fa_status (*fa_run_entry)(fa_context *ctx, const fa_problem *p, void *ws,
                                   size_t ws_bytes);
-/* Asks the backend entry ws_entry for the workspace; for a query (c->query_only) stores it in
-   *query_bytes, else gets the workspace (the user's or the context's), runs run_entry and
-   publishes the selection record it filled. */
+/* On the context's device (the backend's enter/leave): asks the backend entry ws_entry for
+   the workspace; for a query (c->query_only) stores it in *query_bytes, else gets the
+   workspace (the user's, the allocator's or the context's), runs run_entry, returns lent
+   workspace to the allocator and publishes the selection record run_entry filled. */
 fa_status fa_call_finish(fa_call *c, const fa_problem *pr, fa_ws_entry ws_entry,
                          fa_run_entry run_entry, size_t *query_bytes);
 /* Publishes the selection record after a successful run (FLASHATTN_LOG=1 prints it). */

@@ -7,9 +7,10 @@ use and destroyed with the thread's state.
 
 import ctypes
 import dataclasses
+import os
 import threading
 
-from . import _lib
+from . import _lib, _native
 
 
 class FlashAttnError(RuntimeError):
@@ -53,15 +54,18 @@ def set_options(threads=None, strict=None, algo=None, device_checks=None):
     strict         True: a fallback away from the preferred kernel raises FA_ERR_UNSUPPORTED
     algo           "auto" (the tiled kernels), "naive" (float64 reference, also accepts float64
                    arrays) or "plain" (textbook attention in the input precision)
-    device_checks  flash_attn_with_kvcache on CUDA: True (the library's default) checks
-                   cache_seqlens and block_table on the GPU before use, at the price of one
-                   stream synchronisation per call; False skips the check and the
-                   synchronisation (CUDA-graph friendly), and a bad array then gives wrong
-                   rows instead of an error (nothing outside the cache is touched either way)
+    device_checks  index arrays in GPU memory (cu_seqlens, cache_seqlens, block_table):
+                   False (the library's default) has the kernels check them as they read
+                   them, with no host synchronisation (CUDA-graph friendly): a bad element
+                   is clamped (nothing outside the tensors is touched) and reported by the
+                   next call, or by flashattn.check(); True checks them before the call and
+                   waits for the answer (one stream synchronisation per call), so a bad
+                   array raises at once with nothing written; "default" returns to the
+                   library's default (FLASHATTN_DEVICE_CHECKS=1 makes it True)
     Arguments left None keep their value. Returns the previous settings as a dict.
     """
     global _generation
-    if device_checks is not None:
+    if device_checks is not None and _native.ext is None:
         _lib.require("fa_context_set_device_checks", "set_options(device_checks=...)")
     with _settings_lock:
         old = dict(_settings)
@@ -76,9 +80,21 @@ def set_options(threads=None, strict=None, algo=None, device_checks=None):
                 raise ValueError(f"algo = {algo!r}, must be one of {sorted(_lib.ALGOS)}")
             _settings["algo"] = algo
         if device_checks is not None:
-            _settings["device_checks"] = bool(device_checks)
+            _settings["device_checks"] = (None if device_checks == "default"
+                                          else bool(device_checks))
         _generation += 1
+        if _native.ext is not None:
+            _native.ext.set_options(_settings["threads"], int(_settings["strict"]),
+                                    _lib.ALGOS[_settings["algo"]], _device_checks_mode())
         return old
+
+
+def _device_checks_mode():
+    """The library's mode for the device_checks setting (None: what a new context has)."""
+    dc = _settings["device_checks"]
+    if dc is None:
+        return int(os.environ.get("FLASHATTN_DEVICE_CHECKS", "0") == "1")
+    return int(dc)
 
 
 def get_options():
@@ -116,8 +132,8 @@ class _Context:
         self._check(L.fa_context_set_threads(h, s["threads"]))
         self._check(L.fa_context_set_strict(h, int(s["strict"])))
         self._check(L.fa_context_set_algo(h, _lib.ALGOS[s["algo"]]))
-        if s["device_checks"] is not None:
-            self._check(L.fa_context_set_device_checks(h, int(s["device_checks"])))
+        if _lib.has_symbol("fa_context_set_device_checks"):
+            self._check(L.fa_context_set_device_checks(h, _device_checks_mode()))
         self.generation = gen
 
     def __del__(self):
@@ -185,8 +201,30 @@ def call(ctx, fn, *args):
 def last_selection():
     """The kernel record of this thread's last successful flashattn call, or None (no call yet,
     the last call failed, or it ran no kernel because its inputs were empty)."""
+    if _native.ext is not None:
+        t = _native.ext.last_selection()
+        return None if t is None else Selection(*t)
     return getattr(_tls, "last", None)
 
 
 def clear_selection():
+    if _native.ext is not None:
+        _native.ext.clear_selection()
     _tls.last = None
+
+
+def check(device=None):
+    """Raises the error that GPU kernels of this thread's earlier calls on a CUDA device found
+    in their index arrays (see set_options(device_checks=...)), and clears it. It does not wait
+    for the GPU: synchronise first (torch.cuda.synchronize()) to include all queued work.
+    device: a CUDA device index; None: torch's current device."""
+    if device is None:
+        import torch
+        device = torch.cuda.current_device()
+    device = int(device)
+    if _native.ext is not None:
+        _native.ext.check(device)
+        return
+    for (backend, index, _), ctx in (getattr(_tls, "contexts", None) or {}).items():
+        if backend == _lib.BACKEND_CUDA and index == device and _lib.has_symbol("fa_context_check"):
+            ctx._check(ctx._lib.fa_context_check(ctx.handle))

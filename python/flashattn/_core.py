@@ -8,7 +8,7 @@ Function are built on them.
 import ctypes
 import math
 
-from . import _context, _lib
+from . import _context, _lib, _native
 from ._tensors import ops_for
 
 _OPTION_DOC = """
@@ -58,6 +58,10 @@ class Options:
         self.max_seqlen_k = 0 if max_seqlen_k is None else int(max_seqlen_k)
         self.deterministic = bool(deterministic)
 
+    def ext_scalars(self):
+        """softmax_scale, causal, window_size, softcap: the extension's scalar arguments."""
+        return self.softmax_scale, self.causal, self.window, self.softcap
+
     @property
     def varlen(self):
         return self.cu_seqlens_q is not None
@@ -75,9 +79,40 @@ def _check_ndim(opts, **tensors):
                              f"{layout}{' (varlen)' if opts.varlen else ''}")
 
 
+def aux_arrays(ops, opts, q):
+    """The call's small arrays in the form the library reads (contiguous, int32 prefix sums and
+    fp32 slopes, on q's device), with their shapes checked: (alibi, cu_q, cu_k, batch, alibi
+    batch stride)."""
+    heads_q = q.shape[-2]
+    batch = q.shape[0]
+    cq = ck = alibi = None
+    alibi_stride = 0
+    if opts.varlen:
+        cq = ops.small(opts.cu_seqlens_q, "int32", q, "cu_seqlens_q")
+        ck = ops.small(opts.cu_seqlens_k, "int32", q, "cu_seqlens_k")
+        if cq.ndim != 1 or cq.shape[0] < 2:
+            raise ValueError(f"cu_seqlens_q has shape {tuple(cq.shape)}: expected "
+                             f"(batch + 1,) with batch >= 1")
+        if tuple(ck.shape) != tuple(cq.shape):
+            raise ValueError(f"cu_seqlens_k has shape {tuple(ck.shape)} but cu_seqlens_q has "
+                             f"{tuple(cq.shape)}: both hold batch + 1 values")
+        batch = cq.shape[0] - 1
+    if opts.alibi_slopes is not None:
+        alibi = ops.small(opts.alibi_slopes, "float32", q, "alibi_slopes")
+        if alibi.ndim == 1 and alibi.shape[0] == heads_q:
+            alibi_stride = 0
+        elif alibi.ndim == 2 and tuple(alibi.shape) == (batch, heads_q):
+            alibi_stride = heads_q
+        else:
+            raise ValueError(f"alibi_slopes has shape {tuple(alibi.shape)}: expected "
+                             f"({heads_q},) or ({batch}, {heads_q}) (nheads or "
+                             f"batch x nheads, fp32)")
+    return alibi, cq, ck, batch, alibi_stride
+
+
 class _Bound:
-    """An Options bound to the tensors of one call: fa_params plus the arrays it points into
-    (kept alive here for the duration of the call)."""
+    """An Options bound to the tensors of one call for the ctypes binding: fa_params plus the
+    arrays it points into (kept alive here for the duration of the call)."""
 
     def __init__(self, ops, opts, q, backward):
         self.params = _lib.lib().fa_params_default()
@@ -87,37 +122,22 @@ class _Bound:
         p.window_left, p.window_right = opts.window
         p.softcap = opts.softcap
         p.deterministic = int(opts.deterministic and backward)
-        heads_q = q.shape[-2]
-        self.keep = []
-        self.batch = q.shape[0]
+        alibi, cq, ck, self.batch, alibi_stride = aux_arrays(ops, opts, q)
+        self.keep = [x for x in (alibi, cq, ck) if x is not None]
         if opts.varlen:
-            cq = ops.small(opts.cu_seqlens_q, "int32", q, "cu_seqlens_q")
-            ck = ops.small(opts.cu_seqlens_k, "int32", q, "cu_seqlens_k")
-            if cq.ndim != 1 or cq.shape[0] < 2:
-                raise ValueError(f"cu_seqlens_q has shape {tuple(cq.shape)}: expected "
-                                 f"(batch + 1,) with batch >= 1")
-            if tuple(ck.shape) != tuple(cq.shape):
-                raise ValueError(f"cu_seqlens_k has shape {tuple(ck.shape)} but cu_seqlens_q has "
-                                 f"{tuple(cq.shape)}: both hold batch + 1 values")
-            self.keep += [cq, ck]
-            self.batch = cq.shape[0] - 1
             p.cu_seqlens_q = ops.ptr(cq)
             p.cu_seqlens_k = ops.ptr(ck)
             p.batch = self.batch
             p.max_seqlen_q = opts.max_seqlen_q
             p.max_seqlen_k = opts.max_seqlen_k
-        if opts.alibi_slopes is not None:
-            a = ops.small(opts.alibi_slopes, "float32", q, "alibi_slopes")
-            if a.ndim == 1 and a.shape[0] == heads_q:
-                p.alibi_batch_stride = 0
-            elif a.ndim == 2 and tuple(a.shape) == (self.batch, heads_q):
-                p.alibi_batch_stride = heads_q
-            else:
-                raise ValueError(f"alibi_slopes has shape {tuple(a.shape)}: expected "
-                                 f"({heads_q},) or ({self.batch}, {heads_q}) (nheads or "
-                                 f"batch x nheads, fp32)")
-            self.keep.append(a)
-            p.alibi_slopes = ops.ptr(a)
+        if alibi is not None:
+            p.alibi_batch_stride = alibi_stride
+            p.alibi_slopes = ops.ptr(alibi)
+
+
+def _declined(what):
+    return RuntimeError(f"flashattn._ext declined {what} after the arguments were normalised: "
+                        f"a bug in flashattn, please report it")
 
 
 def _lse_shape(opts, q):
@@ -155,9 +175,26 @@ def attention_forward(q, k, v, softmax_scale=None, causal=False, window_size=(-1
     """
     opts = _opts or Options(softmax_scale, causal, window_size, softcap, alibi_slopes,
                             cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    ext = _native.ext
+    if ext is not None:
+        r = ext.fwd(q, k, v, out, softmax_lse, return_lse, *opts.ext_scalars(), opts.alibi_slopes,
+                    opts.cu_seqlens_q, opts.cu_seqlens_k, opts.max_seqlen_q, opts.max_seqlen_k,
+                    False)
+        if r is not NotImplemented:
+            return r
     ops = ops_for(q, k, v, out, softmax_lse)
     _check_ndim(opts, q=q, k=k, v=v)
     q, k, v = ops.prepare(q), ops.prepare(k), ops.prepare(v)
+    if ext is not None:
+        for x in (out, softmax_lse):
+            if x is not None:
+                ops.view(x)  # raises for outputs the library cannot write
+        alibi, cq, ck, _, _ = aux_arrays(ops, opts, q)
+        r = ext.fwd(q, k, v, out, softmax_lse, return_lse, *opts.ext_scalars(), alibi, cq, ck,
+                    opts.max_seqlen_q, opts.max_seqlen_k, False)
+        if r is NotImplemented:
+            raise _declined("fwd")
+        return r
     want_lse = return_lse or softmax_lse is not None
     if out is None:
         out = ops.empty(tuple(q.shape), q)
@@ -195,10 +232,27 @@ def attention_backward(dout, q, k, v, out, softmax_lse, softmax_scale=None, caus
     """
     opts = _opts or Options(softmax_scale, causal, window_size, softcap, alibi_slopes,
                             cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, deterministic)
+    ext = _native.ext
+    if ext is not None:
+        r = ext.bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, *opts.ext_scalars(),
+                    opts.alibi_slopes, opts.cu_seqlens_q, opts.cu_seqlens_k, opts.max_seqlen_q,
+                    opts.max_seqlen_k, opts.deterministic)
+        if r is not NotImplemented:
+            return r
     ops = ops_for(dout, q, k, v, out, softmax_lse, dq, dk, dv)
     _check_ndim(opts, dout=dout, q=q, k=k, v=v, out=out)
     dout, q, k, v, out = (ops.prepare(t) for t in (dout, q, k, v, out))
     softmax_lse = ops.prepare(softmax_lse, last_unit=False)
+    if ext is not None:
+        for x in (dq, dk, dv):
+            if x is not None:
+                ops.view(x)
+        alibi, cq, ck, _, _ = aux_arrays(ops, opts, q)
+        r = ext.bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, *opts.ext_scalars(), alibi, cq,
+                    ck, opts.max_seqlen_q, opts.max_seqlen_k, opts.deterministic)
+        if r is NotImplemented:
+            raise _declined("bwd")
+        return r
     grads = [g if g is not None else ops.empty(tuple(t.shape), t)
              for g, t in ((dq, q), (dk, k), (dv, v))]
     if _rows_empty(opts, q) or _rows_empty(opts, k):

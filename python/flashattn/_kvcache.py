@@ -11,8 +11,8 @@ import ctypes
 
 import numpy as np
 
-from . import _context, _lib
-from ._core import _Bound, _ctx_for
+from . import _context, _lib, _native
+from ._core import _Bound, _ctx_for, aux_arrays
 from ._tensors import is_torch, ops_for
 
 
@@ -64,7 +64,14 @@ def kvcache_forward(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
     """fa_fwd_kvcache on numpy arrays or torch tensors; see flash_attn_with_kvcache.
     Returns (out, softmax_lse or None)."""
     opts = _opts
-    _lib.require("fa_fwd_kvcache", "flash_attn_with_kvcache")
+    ext = _native.ext
+    if ext is not None and cache_batch_idx is None:
+        r = ext.fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, None, None,
+                            return_lse, *opts.ext_scalars(), opts.alibi_slopes, num_splits)
+        if r is not NotImplemented:
+            return r
+    if ext is None:
+        _lib.require("fa_fwd_kvcache", "flash_attn_with_kvcache")
     if (k is None) != (v is None):
         raise ValueError(f"{'k' if k is not None else 'v'} is given but "
                          f"{'v' if k is not None else 'k'} is not: an append needs both")
@@ -144,6 +151,15 @@ def kvcache_forward(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
                 raise ValueError(f"cache_seqlens has shape {tuple(seqlens.shape)}: expected "
                                  f"({batch},) int32, or an int")
 
+        if ext is not None:
+            alibi = aux_arrays(ops, opts, q)[0]
+            r = ext.fwd_kvcache(q, k_cache, v_cache, k if append else None,
+                                v if append else None, seqlens, table, out, lse, return_lse,
+                                *opts.ext_scalars(), alibi, num_splits)
+            if r is NotImplemented:
+                raise RuntimeError("flashattn._ext declined fwd_kvcache after the arguments "
+                                   "were normalised: a bug in flashattn, please report it")
+            return r
         bound = _Bound(ops, opts, q, backward=False)
         ctx = _ctx_for(ops, q)
         cache = _lib.KVCache()
@@ -203,7 +219,9 @@ def merge_attn(out_parts, lse_parts, out=None, softmax_lse=None, out_dtype=None)
     if len(outs) != len(lses):
         raise ValueError(f"{len(outs)} out_parts but {len(lses)} lse_parts: one LSE per part")
     ops = ops_for(*outs, *lses, out, softmax_lse)
-    _lib.require("fa_merge_attn", "merge_attn")
+    ext = _native.ext
+    if ext is None:
+        _lib.require("fa_merge_attn", "merge_attn")
     outs = [ops.prepare(o) for o in outs]
     lses = [ops.prepare(s, last_unit=False) for s in lses]
     o0 = outs[0]
@@ -220,6 +238,17 @@ def merge_attn(out_parts, lse_parts, out=None, softmax_lse=None, out_dtype=None)
     if any(n == 0 for n in rows) and o0.shape[-1] > 0 and o0.shape[-2] > 0:
         _context.clear_selection()
         return out, softmax_lse
+    if ext is not None:
+        for x in (out, softmax_lse):
+            ops.view(x)  # raises for outputs the library cannot write
+        if len(outs) > 64:
+            raise ValueError(f"{len(outs)} parts: merge_attn takes at most 64 at once; merge "
+                             f"them in groups (a merge of merges is exact)")
+        r = ext.merge(outs, lses, out, softmax_lse)
+        if r is NotImplemented:
+            raise RuntimeError("flashattn._ext declined merge after the arguments were "
+                               "normalised: a bug in flashattn, please report it")
+        return r
     with ops.guard(o0):
         ctx = _ctx_for(ops, o0)
         n = len(outs)

@@ -143,6 +143,7 @@ _PROTOTYPES = {
     "fa_merge_attn": (ctypes.c_int, [_vp, ctypes.c_int, _P(Tensor), _P(Tensor), _P(Tensor),
                                      _P(Tensor)]),
     "fa_context_set_device_checks": (ctypes.c_int, [_vp, ctypes.c_int]),
+    "fa_context_check": (ctypes.c_int, [_vp]),
     "fa_cpu_features": (ctypes.c_char_p, []),
     "fa_has_cuda": (ctypes.c_int, []),
     "fa_kernel_count": (ctypes.c_int, []),
@@ -152,7 +153,7 @@ _PROTOTYPES = {
 # Entry points a library built before the KV-cache API lacks: such a library still loads, and
 # only the functions that need them fail (require() says which symbol is missing).
 _OPTIONAL = frozenset({"fa_fwd_kvcache", "fa_fwd_kvcache_workspace_size", "fa_merge_attn",
-                       "fa_context_set_device_checks"})
+                       "fa_context_set_device_checks", "fa_context_check"})
 
 _LIB_NAMES = ("libflashattn.so", "libflashattn.dylib", "flashattn.dll")
 _lock = threading.Lock()

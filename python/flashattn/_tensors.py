@@ -11,7 +11,7 @@ import contextlib
 
 import numpy as np
 
-from . import _lib
+from . import _lib, _native
 
 try:  # bfloat16 for numpy
     import ml_dtypes as _ml_dtypes
@@ -37,9 +37,12 @@ def _import_torch():
             import torch
         except ImportError:
             return None
-        _torch = torch
         _TORCH_DTYPES = {torch.float32: _lib.DTYPE_F32, torch.float16: _lib.DTYPE_F16,
                          torch.bfloat16: _lib.DTYPE_BF16, torch.float64: _lib.DTYPE_F64}
+        if _native.ext is not None:
+            _native.ext.bind_torch(torch)
+        _torch = torch
+        from . import _torch_ops  # noqa: F401  (the torch.library ops, for torch.compile)
     return _torch
 
 
@@ -112,7 +115,8 @@ class NumpyOps:
         cls.fa_dtype(x)
         if (not x.dtype.isnative or x.ctypes.data % x.dtype.itemsize != 0
                 or _needs_copy(x.shape, cls._elem_strides(x), last_unit)):
-            x = np.ascontiguousarray(x, dtype=x.dtype.newbyteorder("="))
+            # a real copy: ascontiguousarray may hand back misaligned memory as it is
+            x = np.array(x, dtype=x.dtype.newbyteorder("="), order="C", copy=True)
         return x
 
     @classmethod

@@ -14,9 +14,17 @@ Differences from flash_attn, all explicit:
     cache takes BSHD queries: use flash_attn_with_kvcache); flash_attn_with_kvcache raises it
     for rotary_cos / rotary_sin and cache_leftpad.
   - softmax_scale = 0 is rejected (ValueError); None means 1/sqrt(head_dim).
+
+Each function first offers its arguments as they are to the C extension, which takes the common
+case (torch tensors on one device, no autograd to record, index arrays already int32 on that
+device) with no Python work per argument; what it declines goes through the general path
+below, which converts the arguments and calls again. While torch.compile or torch.export
+traces a function, it calls the torch.library ops of _torch_ops instead.
 """
 
-from . import _autograd, _core, _kvcache, _tensors
+import sys
+
+from . import _autograd, _core, _kvcache, _native, _tensors
 
 __all__ = [
     "flash_attn_func",
@@ -44,7 +52,18 @@ def _check_packed(name, t, nd, n):
                          f"head_dim) for packed {what}")
 
 
+def _tracing():
+    """True while torch.compile / torch.export trace the caller (torch imported only then)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.compiler.is_compiling()
+
+
 def _run(layout, tensors, opts, return_attn_probs):
+    if _tracing():
+        from . import _torch_ops
+        q, k, v = _autograd.unpack(layout, tensors)
+        res = _torch_ops.attention(q, k, v, opts, return_attn_probs)
+        return (res[0], res[1], None) if return_attn_probs else res
     ops = _tensors.ops_for(*tensors)
     if ops is _tensors.TorchOps:
         res = _autograd.function().apply(layout, opts, bool(return_attn_probs), *tensors)
@@ -68,6 +87,12 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     return_attn_probs=False):
     """Attention of q (batch, seqlen_q, nheads, headdim) over k, v
     (batch, seqlen_k, nheads_k, headdim); nheads a multiple of nheads_k (GQA/MQA)."""
+    ext = _native.ext
+    if ext is not None and not dropout_p and not return_attn_probs and not _tracing():
+        r = ext.fwd(q, k, v, None, None, False, softmax_scale, causal, window_size, softcap,
+                    alibi_slopes, None, None, None, None, True)
+        if r is not NotImplemented:
+            return r[0]
     _check_dropout(dropout_p)
     opts = _core.Options(softmax_scale, causal, window_size, softcap, alibi_slopes,
                          deterministic=deterministic)
@@ -105,6 +130,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """Variable-length attention: q (total_q, nheads, headdim), k, v (total_k, nheads_k,
     headdim), sequence b being rows cu_seqlens[b]..cu_seqlens[b+1]-1 (int32 prefix sums,
     batch + 1 values; empty sequences allowed). Masks align each sequence's own corner."""
+    ext = _native.ext
+    if (ext is not None and not dropout_p and not return_attn_probs and block_table is None
+            and not _tracing()):
+        r = ext.fwd(q, k, v, None, None, False, softmax_scale, causal, window_size, softcap,
+                    alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, True)
+        if r is not NotImplemented:
+            return r[0]
     _check_dropout(dropout_p)
     if block_table is not None:
         raise NotImplementedError(
@@ -179,13 +211,24 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache is empty (and that appends nothing) gets out 0 and lse -inf.
     numpy arrays run on the CPU (float32, float16, bfloat16); torch tensors on their device, on
     the current CUDA stream, with cache_seqlens / block_table on that device (host arrays are
-    copied there). On CUDA the library checks cache_seqlens / block_table on the GPU first,
-    which costs a stream synchronisation: set_options(device_checks=False) turns that off.
-    There is no autograd: this is an inference call.
+    copied there, which costs a copy per call: keep them on the device). On CUDA the kernels
+    check cache_seqlens / block_table as they read them, with no synchronisation (the call can
+    be captured in a CUDA graph): a bad element is clamped and reported by the next call or by
+    flashattn.check(); set_options(device_checks=True) checks before the call instead, at the
+    price of one stream synchronisation. There is no autograd: this is an inference call.
 
     Not supported (NotImplementedError): rotary_cos / rotary_sin (apply the rotary embedding
     to q and k before the call) and cache_leftpad.
     """
+    ext = _native.ext
+    tracing = _tracing()
+    if (ext is not None and not tracing and rotary_cos is None and rotary_sin is None
+            and cache_batch_idx is None and cache_leftpad is None):
+        r = ext.fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, None, None,
+                            return_softmax_lse, softmax_scale, causal, window_size, softcap,
+                            alibi_slopes, num_splits)
+        if r is not NotImplemented:
+            return r if return_softmax_lse else r[0]
     if rotary_cos is not None or rotary_sin is not None:
         raise NotImplementedError(
             "flash_attn_with_kvcache(rotary_cos=..., rotary_sin=...): flashattn has no fused "
@@ -196,6 +239,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             "flash_attn_with_kvcache(cache_leftpad=...): left-padded caches are not supported "
             "(the library's caches start at position 0); pass cache_leftpad=None")
     opts = _core.Options(softmax_scale, causal, window_size, softcap, alibi_slopes)
+    if tracing:
+        from . import _torch_ops
+        return _torch_ops.kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx,
+                                  block_table, opts, num_splits, return_softmax_lse)
     out, lse = _kvcache.kvcache_forward(q, k_cache, v_cache, k, v, cache_seqlens,
                                         cache_batch_idx, block_table, num_splits,
                                         bool(return_softmax_lse), _opts=opts)

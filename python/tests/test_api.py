@@ -38,20 +38,22 @@ def _python(code, env, cwd):
 
 
 def test_lookup_order(tmp_path):
-    """FLASHATTN_LIBRARY first and final; then a copy next to the package."""
+    """The ctypes binding: FLASHATTN_LIBRARY first and final; then a copy next to the
+    package."""
     lib = flashattn.library_path()
     pkg = tmp_path / "flashattn"
     shutil.copytree(PKG, pkg, ignore=shutil.ignore_patterns("__pycache__", "libflashattn*"))
     shutil.copy(lib, pkg / "libflashattn.so")
     code = "import flashattn; print(flashattn.library_path()); print(flashattn.library_version())"
-    r = _python(code, {}, tmp_path)
+    r = _python(code, {"FLASHATTN_BINDING": "ctypes"}, tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == str(pkg / "libflashattn.so")
     # a named library that cannot be loaded is an error, not a fall-through to the copy
     code = ("import flashattn\n"
             "try:\n    flashattn.library_version()\n"
             "except flashattn.LibraryNotFound as e:\n    print('LibraryNotFound', e)\n")
-    r = _python(code, {"FLASHATTN_LIBRARY": "/nonexistent/lib.so"}, tmp_path)
+    r = _python(code, {"FLASHATTN_LIBRARY": "/nonexistent/lib.so", "FLASHATTN_BINDING": "ctypes"},
+                tmp_path)
     assert r.returncode == 0 and r.stdout.startswith("LibraryNotFound"), r.stdout + r.stderr
     assert "/nonexistent/lib.so" in r.stdout and "FLASHATTN_LIBRARY" in r.stdout
 
@@ -169,7 +171,7 @@ def test_zero_size_inputs():
 
 
 def _readme_blocks():
-    text = (PKG.parent / "README.md").read_text()
+    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()  # python/
     return re.findall(r"```python\n(.*?)```", text, re.S)
 
 

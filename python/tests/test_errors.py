@@ -40,8 +40,10 @@ def test_dropout_not_implemented(fn, args):
 
 
 def test_library_without_kvcache_entry_points(monkeypatch):
-    """A libflashattn built before the KV-cache API loads; only the calls needing it fail."""
-    from flashattn import _lib
+    """The ctypes binding: a libflashattn built before the KV-cache API loads; only the calls
+    needing it fail."""
+    from flashattn import _lib, _native
+    monkeypatch.setattr(_native, "ext", None)
     monkeypatch.setattr(_lib, "has_symbol", lambda name: name not in _lib._OPTIONAL)
     kc = np.zeros((2, 10, 2, 16), np.float32)
     with pytest.raises(NotImplementedError, match="needs fa_fwd_kvcache, which .* lacks.*rebuild"):

@@ -405,9 +405,23 @@ static void *cpu_ws_alloc(size_t bytes) {
     return posix_memalign(&m, 64, bytes) == 0 ? m : NULL;
 }
 
+static void cpu_ws_free(void *p, int device) {
+    (void)device;
+    free(p);
+}
+
+/* Host memory and no device: no per-context state, device or stream capture. */
 const fa_backend_ops fa_cpu_backend = {
-    "cpu", cpu_fwd_workspace, cpu_fwd, cpu_bwd_workspace, cpu_bwd, cpu_ws_alloc, free,
-    cpu_fwd_kvcache, cpu_fwd_kvcache_workspace, cpu_merge,
+    .name = "cpu",
+    .fwd_workspace = cpu_fwd_workspace,
+    .fwd = cpu_fwd,
+    .bwd_workspace = cpu_bwd_workspace,
+    .bwd = cpu_bwd,
+    .ws_alloc = cpu_ws_alloc,
+    .ws_free = cpu_ws_free,
+    .fwd_kvcache = cpu_fwd_kvcache,
+    .fwd_kvcache_workspace = cpu_fwd_kvcache_workspace,
+    .merge = cpu_merge,
 };
 
 /* ---- what `flashattn info` lists ---- */

@@ -2,7 +2,15 @@
  * cuda/backend.c — the CUDA backend's table (host side, plain C over the CUDA runtime API):
  * which GPUs it serves, the checks the kernels rely on beyond the dispatcher's (dtype, head
  * dim, 16-byte alignment, device memory, sizes that fit the kernels' 32-bit row indices), the
- * varlen check, the workspace, the launch and its record.
+ * device index arrays (checked synchronously, or by the kernels into the context's error
+ * word), the context's device, the workspace, the launch and its record.
+ *
+ * Stream capture: in FA_DEVICE_CHECKS_ASYNC mode nothing a call does here is illegal while
+ * the stream is captured into a CUDA graph (cudaStreamCaptureModeGlobal included): launches,
+ * cudaMemsetAsync on the stream, and queries that neither allocate nor synchronise
+ * (cudaPointerGetAttributes, cudaFuncSetAttribute, cudaGetDevice). What would wait for the GPU
+ * (the synchronous checks) fails with FA_ERR_UNSUPPORTED first, and the dispatcher refuses to
+ * grow the context's own workspace (FA_ERR_WORKSPACE).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,8 +21,22 @@
 #include "kernels.h"
 #include "merge_sm80.h"
 
-/* Bytes at the start of every CUDA workspace for the varlen check's results. */
+/* Bytes at the start of every CUDA workspace for the synchronous checks' answers
+   (FA_CUDA_CHECK_BYTES); a varlen call's workspace then holds the sanitised copies of
+   cu_seqlens_q and _k (FA_DEVICE_CHECKS_ASYNC), each in a 256-byte aligned slot. */
 #define WS_HEAD 256
+_Static_assert(WS_HEAD >= FA_CUDA_CHECK_BYTES, "the checks' answers fit the head");
+
+static size_t round256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+static size_t cu_copy_bytes(const fa_problem *p) {
+    return round256((size_t)(p->batch + 1) * sizeof(int32_t));
+}
+
+/* The workspace's head: what comes before the launchers' part (fa_cuda_launch.ws). */
+static size_t ws_head(const fa_problem *p) {
+    return WS_HEAD + (p->cu_q ? 2 * cu_copy_bytes(p) : 0);
+}
 
 /* ---- devices ---- */
 
@@ -29,14 +51,9 @@ typedef struct dev_info {
 static dev_info g_dev[MAX_DEVICES];
 static char g_unavailable[256];
 
-/* Facts of the current device (cached per device: attribute queries are not free). */
-static const dev_info *current_device(char *msg, size_t len) {
-    int d = 0;
-    cudaError_t e = cudaGetDevice(&d);
-    if (e != cudaSuccess) {
-        snprintf(msg, len, "no CUDA device: %s", cudaGetErrorString(e));
-        return NULL;
-    }
+/* Facts of device d (cached per device: attribute queries are not free), or NULL with the
+   reason in msg when the backend cannot use it. */
+static const dev_info *device_info(int d, char *msg, size_t len) {
     if (d < 0 || d >= MAX_DEVICES) {
         snprintf(msg, len, "CUDA device %d is past the %d this build tracks", d, MAX_DEVICES);
         return NULL;
@@ -45,10 +62,11 @@ static const dev_info *current_device(char *msg, size_t len) {
     if (!i->known) {
         struct cudaDeviceProp prop;
         int optin = 0;
-        e = cudaGetDeviceProperties(&prop, d);
+        cudaError_t e = cudaGetDeviceProperties(&prop, d);
         if (e == cudaSuccess)
             e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, d);
         if (e != cudaSuccess) {
+            cudaGetLastError();
             snprintf(msg, len, "cannot query CUDA device %d: %s", d, cudaGetErrorString(e));
             return NULL;
         }
@@ -64,6 +82,17 @@ static const dev_info *current_device(char *msg, size_t len) {
         return NULL;
     }
     return i;
+}
+
+/* Facts of the current device. */
+static const dev_info *current_device(char *msg, size_t len) {
+    int d = 0;
+    cudaError_t e = cudaGetDevice(&d);
+    if (e != cudaSuccess) {
+        snprintf(msg, len, "no CUDA device: %s", cudaGetErrorString(e));
+        return NULL;
+    }
+    return device_info(d, msg, len);
 }
 
 /* ---- checks ---- */
@@ -85,7 +114,8 @@ static fa_status check_operand(fa_context *ctx, const char *fn, const char *name
 }
 
 /* The pointer must be device (or managed) memory: a host pointer labelled FA_DEVICE_CUDA would
-   fault inside a kernel. */
+   fault inside a kernel. cudaPointerGetAttributes neither allocates nor synchronises, so it is
+   legal while the stream is being captured. */
 static fa_status check_device_ptr(fa_context *ctx, const char *fn, const char *name,
                                   const void *ptr) {
     if (!ptr) return FA_OK;
@@ -157,8 +187,10 @@ static fa_status check_problem(fa_context *ctx, const char *fn, const fa_problem
     return FA_OK;
 }
 
+/* The launch's device facts, the launchers' part of the workspace (after `head` bytes) and
+   the error word. */
 static fa_status launch_init(fa_context *ctx, const char *fn, fa_cuda_launch *l, void *ws,
-                             size_t ws_bytes) {
+                             size_t ws_bytes, size_t head) {
     memset(l, 0, sizeof *l);
     char msg[256];
     const dev_info *d = current_device(msg, sizeof msg);
@@ -167,24 +199,56 @@ static fa_status launch_init(fa_context *ctx, const char *fn, fa_cuda_launch *l,
     l->num_sms = d->sms;
     l->cc = d->cc;
     l->smem_optin = d->smem_optin;
-    l->ws = ws ? (char *)ws + WS_HEAD : NULL;
-    l->ws_bytes = ws_bytes > WS_HEAD ? ws_bytes - WS_HEAD : 0;
+    l->ws = ws ? (char *)ws + head : NULL;
+    l->ws_bytes = ws_bytes > head ? ws_bytes - head : 0;
+    l->err = (fa_bad_index *)ctx->errw_dev;
     return FA_OK;
 }
 
-/* Varlen: check cu_seqlens on the device and settle the launch's maximum lengths. */
+static int cuda_capturing(const fa_context *ctx) {
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing((cudaStream_t)ctx->stream, &cs) != cudaSuccess) {
+        /* the legacy stream while another stream captures: as forbidden as a capture */
+        cudaGetLastError();
+        return 1;
+    }
+    return cs != cudaStreamCaptureStatusNone;
+}
+
+/* What waits for the GPU must not run while the stream is being captured into a graph (it
+   would invalidate the capture): fail first, saying what to change. */
+static fa_status no_capture(fa_context *ctx, const char *fn, const char *what) {
+    if (!cuda_capturing(ctx)) return FA_OK;
+    return fa_fail(ctx, FA_ERR_UNSUPPORTED,
+                   "%s: %s waits for the GPU, which is not allowed while the stream is being "
+                   "captured into a CUDA graph",
+                   fn, what);
+}
+
+/* Varlen: cu_seqlens checked before the launch reads them. With FA_DEVICE_CHECKS_ASYNC and
+   both maxima given, the launch reads sanitised copies in the workspace (no synchronisation);
+   else a synchronous check, which also settles the launch's maxima. */
 static fa_status varlen(fa_context *ctx, const char *fn, fa_problem *p, void *ws) {
     if (!p->cu_q) return FA_OK;
     char msg[256];
+    fa_status st;
+    if (ctx->device_checks == FA_DEVICE_CHECKS_ASYNC && p->seqlen_q > 0 && p->seqlen_k > 0) {
+        int32_t *san_q = (int32_t *)((char *)ws + WS_HEAD);
+        int32_t *san_k = (int32_t *)((char *)san_q + cu_copy_bytes(p));
+        st = fa_cuda_varlen_sanitize(p, san_q, san_k, (fa_bad_index *)ctx->errw_dev,
+                                     ctx->stream, msg, sizeof msg);
+        if (st != FA_OK) return fa_fail(ctx, st, "%s: %s", fn, msg);
+        p->cu_q = san_q;
+        p->cu_k = san_k;
+        return FA_OK;
+    }
+    TRY(no_capture(ctx, fn,
+                   ctx->device_checks == FA_DEVICE_CHECKS_SYNC
+                       ? "checking cu_seqlens synchronously (FA_DEVICE_CHECKS_SYNC)"
+                       : "computing max_seqlen_q/k from cu_seqlens (they are 0; pass them)"));
     int64_t mq, mk;
-    fa_status st = fa_cuda_varlen_check(p, p->total_q, p->total_k, ws, ctx->stream, &mq, &mk,
-                                        msg, sizeof msg);
+    st = fa_cuda_varlen_check(p, ws, ctx->stream, &mq, &mk, msg, sizeof msg);
     if (st != FA_OK) return fa_fail(ctx, st, "%s: %s", fn, msg);
-    if ((p->seqlen_q && p->seqlen_q < mq) || (p->seqlen_k && p->seqlen_k < mk))
-        return fa_fail(ctx, FA_ERR_VARLEN,
-                       "%s: max_seqlen_q/k = %lld/%lld but the longest sequences are %lld/%lld",
-                       fn, (long long)p->seqlen_q, (long long)p->seqlen_k, (long long)mq,
-                       (long long)mk);
     p->seqlen_q = mq;
     p->seqlen_k = mk;
     return FA_OK;
@@ -212,13 +276,13 @@ static int sm90_bwd_enabled(void) {
     return !env_off("FLASHATTN_CUDA_SM90") && !env_off("FLASHATTN_CUDA_SM90_BWD");
 }
 
-/* The varlen check's results, and on sm_90 the persistent grid's tile counter. */
+/* The varlen check's answer and copies, and on sm_90 the persistent grid's tile counter. */
 static size_t fwd_workspace(const fa_problem *p) {
     char msg[256];
     const dev_info *d = current_device(msg, sizeof msg);
     if (d && d->cc == 90 && sm90_fwd_enabled() && fa_sm90_fwd_covers(p))
-        return WS_HEAD + FA_SM90_FWD_WORKSPACE;
-    return p->cu_q ? WS_HEAD : 0;
+        return ws_head(p) + FA_SM90_FWD_WORKSPACE;
+    return p->cu_q ? ws_head(p) : 0;
 }
 
 static fa_status cuda_fwd_workspace(fa_context *ctx, const fa_problem *p, size_t *bytes) {
@@ -273,14 +337,14 @@ static void zero_out(fa_context *ctx, const void *ws, const fa_cuda_launch *l) {
 static fa_status cuda_fwd(fa_context *ctx, const fa_problem *pin, void *ws, size_t ws_bytes) {
     fa_problem p = *pin;
     fa_cuda_launch l;
-    TRY(launch_init(ctx, "fa_fwd", &l, ws, ws_bytes));
+    TRY(launch_init(ctx, "fa_fwd", &l, ws, ws_bytes, ws_head(&p)));
     TRY(varlen(ctx, "fa_fwd", &p, ws));
     char why[sizeof ctx->sel.reason];
     zero_in(ctx, ws, &l);
     TRY(run_kernel(ctx, "fa_fwd", l.cc == 90 && sm90_fwd_enabled() && fa_sm90_fwd_covers(&p),
                    fa_sm90_fwd, fa_sm80_fwd, &p, &l, why, sizeof why));
     zero_out(ctx, ws, &l);
-    record(ctx, "fwd", &l, fwd_workspace(&p));
+    record(ctx, "fwd", &l, fwd_workspace(pin));
     if (why[0]) snprintf(ctx->sel.reason, sizeof ctx->sel.reason, "%s", why);
     return FA_OK;
 }
@@ -288,15 +352,15 @@ static fa_status cuda_fwd(fa_context *ctx, const fa_problem *pin, void *ws, size
 static fa_status cuda_bwd_workspace(fa_context *ctx, const fa_problem *p, size_t *bytes) {
     TRY(check_problem(ctx, "fa_bwd", p, 1));
     fa_cuda_launch l;
-    TRY(launch_init(ctx, "fa_bwd", &l, NULL, 0));
-    *bytes = WS_HEAD + fa_sm80_bwd_workspace(p, &l);
+    TRY(launch_init(ctx, "fa_bwd", &l, NULL, 0, 0));
+    *bytes = ws_head(p) + fa_sm80_bwd_workspace(p, &l);
     return FA_OK;
 }
 
 static fa_status cuda_bwd(fa_context *ctx, const fa_problem *pin, void *ws, size_t ws_bytes) {
     fa_problem p = *pin;
     fa_cuda_launch l;
-    TRY(launch_init(ctx, "fa_bwd", &l, ws, ws_bytes));
+    TRY(launch_init(ctx, "fa_bwd", &l, ws, ws_bytes, ws_head(&p)));
     TRY(varlen(ctx, "fa_bwd", &p, ws));
     size_t need = fa_sm80_bwd_workspace(&p, &l);
     if (need > l.ws_bytes)
@@ -305,7 +369,7 @@ static fa_status cuda_bwd(fa_context *ctx, const fa_problem *pin, void *ws, size
     char why[sizeof ctx->sel.reason];
     TRY(run_kernel(ctx, "fa_bwd", l.cc == 90 && sm90_bwd_enabled() && fa_sm90_bwd_covers(&p),
                    fa_sm90_bwd, fa_sm80_bwd, &p, &l, why, sizeof why));
-    record(ctx, "bwd", &l, WS_HEAD + need);
+    record(ctx, "bwd", &l, ws_head(pin) + need);
     if (why[0]) snprintf(ctx->sel.reason, sizeof ctx->sel.reason, "%s", why);
     return FA_OK;
 }
@@ -335,29 +399,31 @@ static fa_status check_kvcache(fa_context *ctx, const fa_problem *p) {
 static fa_status cuda_fwd_kvcache_workspace(fa_context *ctx, const fa_problem *p, size_t *bytes) {
     TRY(check_kvcache(ctx, p));
     fa_cuda_launch l;
-    TRY(launch_init(ctx, "fa_fwd_kvcache", &l, NULL, 0));
+    TRY(launch_init(ctx, "fa_fwd_kvcache", &l, NULL, 0, 0));
     *bytes = WS_HEAD + fa_sm80_kvcache_workspace(p, &l);
     return FA_OK;
 }
 
+/* seqlens and block_table: FA_DEVICE_CHECKS_SYNC checks them first (one synchronisation);
+   else the append and decode kernels report what they meet into the error word. */
 static fa_status cuda_fwd_kvcache(fa_context *ctx, const fa_problem *p, void *ws, size_t ws_bytes) {
+    const char *fn = "fa_fwd_kvcache";
     fa_cuda_launch l;
     char msg[256];
-    TRY(launch_init(ctx, "fa_fwd_kvcache", &l, ws, ws_bytes));
-    if (ctx->device_checks) {
+    TRY(launch_init(ctx, fn, &l, ws, ws_bytes, WS_HEAD));
+    if (ctx->device_checks == FA_DEVICE_CHECKS_SYNC) {
+        TRY(no_capture(ctx, fn,
+                       "checking seqlens/block_table synchronously (FA_DEVICE_CHECKS_SYNC)"));
         fa_status st = fa_sm80_kvcache_check(p, ws, ctx->stream, msg, sizeof msg);
-        if (st != FA_OK) return fa_fail(ctx, st, "fa_fwd_kvcache: %s", msg);
+        if (st != FA_OK) return fa_fail(ctx, st, "%s: %s", fn, msg);
     }
     int splits = 1;
     zero_in(ctx, ws, &l);
     fa_status st = fa_sm80_fwd_kvcache(p, &l, &splits);
-    if (st != FA_OK) return fa_fail(ctx, st, "fa_fwd_kvcache: %s", l.msg);
+    if (st != FA_OK) return fa_fail(ctx, st, "%s: %s", fn, l.msg);
     zero_out(ctx, ws, &l);
     record(ctx, "fwd", &l, WS_HEAD + fa_sm80_kvcache_workspace(p, &l));
     ctx->sel.num_splits = splits;
-    if (!ctx->device_checks)
-        snprintf(ctx->sel.reason, sizeof ctx->sel.reason,
-                 "device checks of seqlens/block_table off (fa_context_set_device_checks)");
     return FA_OK;
 }
 
@@ -406,12 +472,116 @@ static void *cuda_ws_alloc(size_t bytes) {
     return p;
 }
 
-static void cuda_ws_free(void *p) { cudaFree(p); }
+/* cudaFree with the memory's device current. */
+static void cuda_ws_free(void *p, int device) {
+    int cur = -1;
+    const int other = cudaGetDevice(&cur) == cudaSuccess && device >= 0 && device != cur &&
+                      cudaSetDevice(device) == cudaSuccess;
+    cudaFree(p);
+    if (other) cudaSetDevice(cur);
+    cudaGetLastError();
+}
+
+/* The capture mode of this thread: cudaHostAlloc and cudaFreeHost are no stream work, and a
+   context created or destroyed while some stream is being captured (a framework creating a
+   thread's context lazily) must not invalidate that capture, which the global mode would. */
+static enum cudaStreamCaptureMode capture_mode(enum cudaStreamCaptureMode m) {
+    cudaThreadExchangeStreamCaptureMode(&m);
+    return m;
+}
+
+/* The context's error word: mapped (the GPU writes it over the bus, the host reads it without
+   a copy or a synchronisation) and portable (every device's context maps it; with unified
+   addressing, which every sm_80+ platform has, the device address is the same on all of
+   them), allocated here because a call may run under stream capture. */
+static fa_status cuda_ctx_init(fa_context *ctx) {
+    void *h = NULL, *d = NULL;
+    const enum cudaStreamCaptureMode was = capture_mode(cudaStreamCaptureModeRelaxed);
+    cudaError_t e = cudaHostAlloc(&h, sizeof(fa_bad_index),
+                                  cudaHostAllocMapped | cudaHostAllocPortable);
+    if (e == cudaSuccess) e = cudaHostGetDevicePointer(&d, h, 0);
+    if (e != cudaSuccess && h) cudaFreeHost(h);
+    capture_mode(was);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return fa_fail(NULL, e == cudaErrorMemoryAllocation ? FA_ERR_OUT_OF_MEMORY : FA_ERR_CUDA,
+                       "fa_context_create: cannot allocate the context's error word in mapped "
+                       "host memory: %s",
+                       cudaGetErrorString(e));
+    }
+    memset(h, 0, sizeof(fa_bad_index));
+    ctx->errw = h;
+    ctx->errw_dev = d;
+    return FA_OK;
+}
+
+static void cuda_ctx_free(fa_context *ctx) {
+    const enum cudaStreamCaptureMode was = capture_mode(cudaStreamCaptureModeRelaxed);
+    if (ctx->errw) cudaFreeHost(ctx->errw);
+    capture_mode(was);
+    cudaGetLastError();
+    ctx->errw = NULL;
+    ctx->errw_dev = NULL;
+}
+
+static fa_status cuda_set_device(fa_context *ctx, int device) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return fa_fail(ctx, FA_ERR_DEVICE, "fa_context_set_device: no CUDA device: %s",
+                       cudaGetErrorString(e));
+    }
+    if (device >= n)
+        return fa_fail(ctx, FA_ERR_DEVICE,
+                       "fa_context_set_device: device = %d, but this machine has %d CUDA "
+                       "device%s (0..%d)",
+                       device, n, n == 1 ? "" : "s", n - 1);
+    char msg[256];
+    if (!device_info(device, msg, sizeof msg))
+        return fa_fail(ctx, FA_ERR_DEVICE, "fa_context_set_device: %s", msg);
+    return FA_OK;
+}
+
+/* cudaGetDevice reads a thread-local: cheap, so the device is switched only when it differs. */
+static fa_status cuda_enter(fa_context *ctx, const char *fn, int *saved) {
+    int cur = 0;
+    *saved = -1;
+    cudaError_t e = cudaGetDevice(&cur);
+    if (e == cudaSuccess && ctx->device >= 0 && ctx->device != cur) {
+        e = cudaSetDevice(ctx->device);
+        if (e == cudaSuccess) *saved = cur, cur = ctx->device;
+    }
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return fa_fail(ctx, FA_ERR_DEVICE, "%s: cannot make CUDA device %d current: %s", fn,
+                       ctx->device >= 0 ? ctx->device : cur, cudaGetErrorString(e));
+    }
+    ctx->call_device = cur;
+    return FA_OK;
+}
+
+static void cuda_leave(int saved) {
+    if (saved >= 0) cudaSetDevice(saved);
+}
 
 static const fa_backend_ops cuda_ops = {
-    "cuda", cuda_fwd_workspace, cuda_fwd, cuda_bwd_workspace, cuda_bwd, cuda_ws_alloc,
-    cuda_ws_free,
-    cuda_fwd_kvcache, cuda_fwd_kvcache_workspace, cuda_merge,
+    .name = "cuda",
+    .fwd_workspace = cuda_fwd_workspace,
+    .fwd = cuda_fwd,
+    .bwd_workspace = cuda_bwd_workspace,
+    .bwd = cuda_bwd,
+    .ws_alloc = cuda_ws_alloc,
+    .ws_free = cuda_ws_free,
+    .fwd_kvcache = cuda_fwd_kvcache,
+    .fwd_kvcache_workspace = cuda_fwd_kvcache_workspace,
+    .merge = cuda_merge,
+    .ctx_init = cuda_ctx_init,
+    .ctx_free = cuda_ctx_free,
+    .set_device = cuda_set_device,
+    .enter = cuda_enter,
+    .leave = cuda_leave,
+    .capturing = cuda_capturing,
 };
 
 int fa_has_cuda(void) { return 1; }

@@ -1,8 +1,9 @@
 /*
- * cuda/decode_sm80.cu — fa_fwd_kvcache on the GPU: the device check of seqlens / block_table,
- * the append of k_new / v_new into the cache, the split choice and the decode kernel
- * (decode_sm80.cuh), which also merges the splits' partial results.
+ * cuda/decode_sm80.cu — fa_fwd_kvcache on the GPU: the synchronous device check of seqlens /
+ * block_table, the append of k_new / v_new into the cache, the split choice and the decode
+ * kernel (decode_sm80.cuh), which also merges the splits' partial results.
  */
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -11,23 +12,48 @@
 
 namespace {
 
-/* out[0]: first bad sequence or -1; out[1]: 1 = length, 2 = page index */
+/* The first rule sequence b breaks (its length, then the block_table entries of the pages it
+   touches), or FA_BAD_NONE; fills *r when given. */
+__device__ int kv_rule(const int *seqlens, const int *bt, int64_t bt_stride, int b,
+                       int seqlen_new, int capacity, int page_size, int num_pages,
+                       fa_bad_index *r) {
+    const int n = seqlens[b];
+    int kind = n < 0 ? FA_BAD_SEQLEN_NEGATIVE
+                     : n > capacity - seqlen_new ? FA_BAD_SEQLEN_ROOM : FA_BAD_NONE;
+    int j = 0, value = n, prev = seqlen_new;
+    long long limit = capacity;
+    if (kind == FA_BAD_NONE && bt) {
+        const int pages = (int)(((long long)n + seqlen_new + page_size - 1) / page_size);
+        for (int p = 0; p < pages && kind == FA_BAD_NONE; p++) {
+            const int pg = bt[b * bt_stride + p];
+            if (pg < 0 || pg >= num_pages)
+                kind = FA_BAD_PAGE, j = p, value = pg, prev = 0, limit = num_pages;
+        }
+    }
+    if (r && kind != FA_BAD_NONE) {
+        r->array = 0, r->i = b, r->j = j, r->value = value, r->prev = prev, r->limit = limit;
+        r->kind = kind;
+    }
+    return kind;
+}
+
+/* FA_DEVICE_CHECKS_SYNC: the record of the first bad sequence into *out (kind 0: none) */
 __global__ void kv_check_kernel(const int *seqlens, const int *bt, int64_t bt_stride, int batch,
                                 int seqlen_new, int capacity, int page_size, int num_pages,
-                                int *out) {
-    if (threadIdx.x == 0) out[0] = -1, out[1] = 0;
+                                fa_bad_index *out) {
+    __shared__ int first;
+    if (threadIdx.x == 0) first = INT_MAX;
     __syncthreads();
-    for (int b = threadIdx.x; b < batch; b += blockDim.x) {
-        const long long total = (long long)seqlens[b] + seqlen_new;
-        int bad = seqlens[b] < 0 || total > capacity ? 1 : 0;
-        if (!bad && bt) {
-            const long long pages = (total + page_size - 1) / page_size;
-            for (long long p = 0; p < pages && !bad; p++) {
-                const int pg = bt[b * bt_stride + p];
-                if (pg < 0 || pg >= num_pages) bad = 2;
-            }
-        }
-        if (bad && atomicCAS(&out[0], -1, b) == -1) out[1] = bad;
+    for (int b = threadIdx.x; b < batch; b += blockDim.x)
+        if (kv_rule(seqlens, bt, bt_stride, b, seqlen_new, capacity, page_size, num_pages,
+                    nullptr) != FA_BAD_NONE)
+            atomicMin(&first, b);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        fa_bad_index r = {};
+        if (first != INT_MAX)
+            kv_rule(seqlens, bt, bt_stride, first, seqlen_new, capacity, page_size, num_pages, &r);
+        *out = r;
     }
 }
 
@@ -46,8 +72,16 @@ __global__ void append_kernel(const fa::DecodeArgs a, const void *kn, const void
     const int hk = (int)(r % heads_kv);
     r /= heads_kv;
     const int t = (int)(r % a.seqlen_new), b = (int)(r / a.seqlen_new);
-    const int pos = max(a.seqlens[b], 0) + t;
-    if (pos >= a.capacity) return; /* only reachable with device checks off */
+    const int n0 = a.seqlens[b];
+    if (n0 < 0 || n0 > a.capacity - a.seqlen_new) return; /* bad: the decode reports it */
+    const int pos = n0 + t;
+    if (a.block_table) { /* a bad page: reported, and nothing written (no clamped page) */
+        const int pi = pos / a.page_size, e = a.block_table[b * a.bt_stride + pi];
+        if (e < 0 || e >= a.num_pages) {
+            fa::report_bad(a.bad, FA_BAD_PAGE, 0, b, pi, e, 0, a.num_pages);
+            return;
+        }
+    }
     const T *ks = (const T *)kn + b * kn_sb + t * kn_st + hk * kn_sh + x * 8;
     const T *vs = (const T *)vn + b * vn_sb + t * vn_st + hk * vn_sh + x * 8;
     T *kd = (T *)fa::cache_row(a, a.k, a.k_sb, a.k_st, a.k_sh, b, pos, hk, sizeof(T)) + x * 8;
@@ -134,27 +168,21 @@ extern "C" size_t fa_sm80_kvcache_workspace(const fa_problem *p, const fa_cuda_l
 
 extern "C" fa_status fa_sm80_kvcache_check(const fa_problem *p, void *ws, void *stream, char *msg,
                                            size_t len) {
+    static_assert(sizeof(fa_bad_index) <= FA_CUDA_CHECK_BYTES, "check answer");
     cudaStream_t st = (cudaStream_t)stream;
-    int host[2];
+    fa_bad_index host;
     kv_check_kernel<<<1, 256, 0, st>>>(p->kv_seqlens, p->block_table, p->bt_stride,
                                        (int)p->batch, (int)p->seqlen_new, (int)p->seqlen_k,
-                                       (int)p->page_size, (int)p->num_pages, (int *)ws);
+                                       (int)p->page_size, (int)p->num_pages, (fa_bad_index *)ws);
     cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess) e = cudaMemcpyAsync(host, ws, sizeof host, cudaMemcpyDeviceToHost, st);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(&host, ws, sizeof host, cudaMemcpyDeviceToHost, st);
     if (e == cudaSuccess) e = cudaStreamSynchronize(st);
     if (e != cudaSuccess) {
         snprintf(msg, len, "checking the cache's seqlens/block_table: %s", cudaGetErrorString(e));
         return FA_ERR_CUDA;
     }
-    if (host[0] >= 0) {
-        if (host[1] == 1)
-            snprintf(msg, len,
-                     "cache->seqlens[%d] is negative or, with %lld new tokens, exceeds the "
-                     "cache's capacity of %lld tokens",
-                     host[0], (long long)p->seqlen_new, (long long)p->seqlen_k);
-        else
-            snprintf(msg, len, "cache->block_table row %d names a page outside the pool of %lld",
-                     host[0], (long long)p->num_pages);
+    if (host.kind != FA_BAD_NONE) {
+        fa_bad_index_format(&host, msg, len);
         return FA_ERR_VARLEN;
     }
     return FA_OK;
@@ -200,6 +228,7 @@ extern "C" fa_status fa_sm80_fwd_kvcache(const fa_problem *p, fa_cuda_launch *l,
     a.m = fa::score_mods_of(p);
     a.num_splits = pl.splits;
     a.chunk = pl.chunk;
+    a.bad = l->err;
     a.o = p->o.data;
     a.o_sb = p->o.sb, a.o_st = p->o.st, a.o_sh = p->o.sh;
     a.lse = (float *)p->lse;

@@ -24,6 +24,7 @@
 
 #include <math.h>
 
+#include "bad_index.cuh"
 #include "kernels.h"
 #include "ptx.cuh"
 #include "score_mods.cuh"
@@ -43,6 +44,7 @@ struct DecodeArgs {
     int rows;               /* group * seqlen_q packed rows per kv head */
     ScoreMods m;
     int num_splits, chunk;  /* keys per split (a multiple of the block's key step) */
+    fa_bad_index *bad;      /* the error word bad lengths and pages are reported into */
     /* results: final (num_splits == 1) ... */
     void *o;
     int64_t o_sb, o_st, o_sh;
@@ -74,6 +76,37 @@ template <int D_> struct DecodeCfg {
                   "merge scratch fits in the K/V buffers");
 };
 
+/* Keys of sequence b: its length after the append, clamped into [0, capacity]. */
+__device__ __forceinline__ int kv_len(const DecodeArgs &a, int b) {
+    return (int)min((long long)max(a.seqlens[b], 0) + a.seqlen_new, (long long)a.capacity);
+}
+
+/*
+ * The checks of FA_DEVICE_CHECKS_ASYNC, which the loads' clamps make safe to run last: a bad
+ * length of sequence b (by its first block), a bad block_table entry among the pages of the
+ * split's keys (by the split's first block: all the splits together cover every page of the
+ * sequence's keys, as the synchronous check does). At the end of the kernel rather than in
+ * its main loop or before it, where the code of a report costs the loop registers.
+ */
+template <int THREADS>
+__device__ __forceinline__ void check_sequence(const DecodeArgs &a, int b, int split, int rb,
+                                               int tid) {
+    if (blockIdx.y != 0 || rb != 0) return;
+    const int n = a.seqlens[b];
+    if (tid == 0 && split == 0 && (n < 0 || n > a.capacity - a.seqlen_new))
+        report_bad(a.bad, n < 0 ? FA_BAD_SEQLEN_NEGATIVE : FA_BAD_SEQLEN_ROOM, 0, b, 0, n,
+                   a.seqlen_new, a.capacity);
+    if (!a.block_table) return;
+    const int k0 = split * a.chunk, k1 = min(kv_len(a, b), k0 + a.chunk);
+    if (k0 >= k1) return;
+    const int last = (k1 - 1) / a.page_size;
+    for (int pi = k0 / a.page_size + tid; pi <= last; pi += THREADS) {
+        const int e = a.block_table[b * a.bt_stride + pi];
+        if (e < 0 || e >= a.num_pages)
+            report_bad(a.bad, FA_BAD_PAGE, 0, b, pi, e, 0, a.num_pages);
+    }
+}
+
 /* Row address of cache token j of sequence b, head hk (contiguous or paged). */
 __device__ __forceinline__ const char *cache_row(const DecodeArgs &a, const void *base,
                                                  int64_t sb, int64_t st, int64_t sh, int b,
@@ -84,7 +117,7 @@ __device__ __forceinline__ const char *cache_row(const DecodeArgs &a, const void
            paid for every row of every tile */
         const int pi = a.page_shift >= 0 ? j >> a.page_shift : j / a.page_size;
         const int pr = a.page_shift >= 0 ? j & (a.page_size - 1) : j - pi * a.page_size;
-        /* clamped: with device checks off a bad table must not send reads out of the pool */
+        /* clamped: a bad entry (check_sequence reports it) must not send reads out of the pool */
         const int page = min(max(a.block_table[b * a.bt_stride + pi], 0), a.num_pages - 1);
         off = (int64_t)page * sb + (int64_t)pr * st;
     } else {
@@ -252,8 +285,9 @@ __global__ void __launch_bounds__(C::THREADS) decode_sm80_kernel(const __grid_co
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
     const int split = blockIdx.x % a.num_splits, rb = blockIdx.x / a.num_splits;
     const int hk = blockIdx.y, b = blockIdx.z;
-    /* clamped to the capacity, for the same reason */
-    const int L = min(max(a.seqlens[b], 0) + a.seqlen_new, a.capacity);
+    /* a bad length (check_sequence reports it) is clamped into [0, capacity] so that no read
+       leaves the cache */
+    const int L = kv_len(a, b);
     const int row0 = rb * 16;
     const int diag = L - a.seqlen_q;
 
@@ -480,6 +514,7 @@ __global__ void __launch_bounds__(C::THREADS) decode_sm80_kernel(const __grid_co
                 a.part_lse[(((int64_t)split * gridDim.z + b) * a.heads_q + h) * a.seqlen_q + t] = lse;
         }
     }
+    check_sequence<C::THREADS>(a, b, split, rb, tid);
     if (a.num_splits > 1) decode_merge_last<T, C>(a, rb, hk, b, row0, tid);
 }
 

@@ -27,6 +27,7 @@ typedef struct fa_cuda_launch {
     size_t ws_bytes;
     const void *zero;  /* bytes of the workspace known to be zero (NULL: none) ... */
     size_t zero_bytes;
+    fa_bad_index *err; /* the context's error word as kernels address it (NULL: none) */
     /* out */
     void *left_zero;   /* bytes of the workspace this call leaves zero (NULL: none): the
                           context then passes them as `zero` to its next call */
@@ -51,15 +52,29 @@ int fa_cuda_kernel_dim(int64_t d); /* 0 when d > 256 */
    other window) or "" (cuda/fwd_sm80.cu). */
 const char *fa_cuda_mask_name(const fa_problem *p);
 
-/* Checks device cu_seqlens (cuda/varlen_check.cu) using 16 bytes of ws; synchronises the
-   stream. Returns FA_ERR_VARLEN (with msg) for a bad array, else the longest sequences. */
-fa_status fa_cuda_varlen_check(const fa_problem *p, int64_t total_q, int64_t total_k, void *ws,
-                               void *stream, int64_t *max_q, int64_t *max_k, char *msg,
-                               size_t msg_len);
+/* Device cu_seqlens (cuda/varlen_check.cu): they start at 0, never decrease, end at the
+   tensors' token counts, and no sequence is longer than p->seqlen_q/k where those are > 0.
+   The check reads its answer back (FA_DEVICE_CHECKS_SYNC, or maxima to compute): it uses
+   FA_CUDA_CHECK_BYTES of ws and synchronises the stream; FA_ERR_VARLEN (with msg) for a bad
+   array, else the longest sequences.
+   The sanitiser does not wait (FA_DEVICE_CHECKS_ASYNC, maxima given): it writes copies of the
+   arrays into san_q/san_k (p->batch + 1 values each) for the kernels to read instead, equal to
+   the arrays when they are good and all zero (every sequence empty: nothing is computed or
+   written) when not, and reports the first bad element into err. */
+#define FA_CUDA_CHECK_BYTES 64
+fa_status fa_cuda_varlen_check(const fa_problem *p, void *ws, void *stream, int64_t *max_q,
+                               int64_t *max_k, char *msg, size_t msg_len);
+fa_status fa_cuda_varlen_sanitize(const fa_problem *p, int32_t *san_q, int32_t *san_k,
+                                  fa_bad_index *err, void *stream, char *msg, size_t msg_len);
 
 /* KV-cache attention (cuda/decode_sm80.cu): workspace for the split partials, the device
-   check of seqlens/block_table (16 bytes of ws; synchronises the stream), and the launch of
-   append + decode (+ merge); *splits_used gets the split count. */
+   check of seqlens/block_table (FA_DEVICE_CHECKS_SYNC: FA_CUDA_CHECK_BYTES of ws; synchronises
+   the stream), and the launch of append + decode (+ merge); *splits_used gets the split count.
+   The append and decode kernels clamp lengths and page indices, so a bad array never sends
+   them outside the cache, and report the first bad element into l->err: a sequence's length,
+   the block_table entries of the pages of its keys (the decode, after its main loop), of the
+   rows appended (the append, which then skips them). A sequence whose length is bad appends
+   nothing. */
 size_t fa_sm80_kvcache_workspace(const fa_problem *p, const fa_cuda_launch *l);
 fa_status fa_sm80_kvcache_check(const fa_problem *p, void *ws, void *stream, char *msg,
                                 size_t len);

@@ -1,0 +1,148 @@
+"""torch.compile, torch.export and the torch.library ops (flashattn_c::fwd, ::bwd,
+::fwd_kvcache) behind them: a compiled model that calls the flash_attn functions has no graph
+break (fullgraph=True) and gives the eager results; the ops pass torch.library.opcheck (schema,
+fake tensors, autograd registration). CPU always (fp32), CUDA when present (bf16)."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import flashattn  # noqa: E402
+from flashattn import (flash_attn_func, flash_attn_qkvpacked_func,  # noqa: E402
+                       flash_attn_varlen_func, flash_attn_with_kvcache)
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and flashattn.has_cuda() else [])
+
+
+def _dtype(device):
+    return torch.float32 if device == "cpu" else torch.bfloat16
+
+
+def _randn(shape, device, gen, requires_grad=False):
+    x = torch.randn(shape, generator=gen, dtype=torch.float32).to(device, _dtype(device))
+    return x.requires_grad_(requires_grad)
+
+
+@pytest.fixture
+def gen(seed):
+    return torch.Generator().manual_seed(hash(seed) & 0xFFFFFFFF)
+
+
+class Block(torch.nn.Module):
+    """Attention the way a model writes it: projections, flash_attn_func, an output layer."""
+
+    def __init__(self, dim, heads, kv_heads):
+        super().__init__()
+        self.heads, self.kv_heads, self.hd = heads, kv_heads, dim // heads
+        self.q = torch.nn.Linear(dim, dim)
+        self.kv = torch.nn.Linear(dim, 2 * kv_heads * self.hd)
+        self.o = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, self.heads, self.hd)
+        k, v = self.kv(x).view(b, s, 2, self.kv_heads, self.hd).unbind(2)
+        y = flash_attn_func(q, k, v, causal=True, window_size=(24, 0), softcap=30.0)
+        return self.o(y.reshape(b, s, -1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_block_matches_eager(device, backend, gen):
+    if backend == "inductor" and device == "cpu" and not hasattr(torch, "compile"):
+        pytest.skip("no torch.compile")
+    torch._dynamo.reset()
+    model = Block(64, 4, 2).to(device, _dtype(device))
+    x = _randn((2, 40, 64), device, gen, requires_grad=True)
+    ref = model(x)
+    ref.square().sum().backward()
+    gx, gw = x.grad.clone(), model.q.weight.grad.clone()
+    x.grad = None
+    model.zero_grad()
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
+    out = compiled(x)
+    out.square().sum().backward()
+    tol = 1e-5 if device == "cpu" else 2e-2
+    torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(x.grad, gx, rtol=tol, atol=tol)
+    torch.testing.assert_close(model.q.weight.grad, gw, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_varlen_packed_and_kvcache(device, gen):
+    """The other entry points compile with no graph break and give the eager results; the
+    compiled KV-cache call appends into the caches as the eager one does."""
+    torch._dynamo.reset()
+    h, d = 4, 16
+    cu = torch.tensor([0, 9, 9, 30], dtype=torch.int32, device=device)
+    qv, kv, vv = (_randn((30, h, d), device, gen) for _ in range(3))
+
+    def varlen(q, k, v, cu):
+        return flash_attn_varlen_func(q, k, v, cu, cu, 21, 21, causal=True)
+
+    torch.testing.assert_close(torch.compile(varlen, fullgraph=True, backend="aot_eager")(
+        qv, kv, vv, cu), varlen(qv, kv, vv, cu), rtol=0, atol=0)
+
+    qkv = _randn((2, 20, 3, h, d), device, gen, requires_grad=True)
+    packed = torch.compile(lambda t: flash_attn_qkvpacked_func(t, causal=True), fullgraph=True,
+                           backend="aot_eager")
+    out = packed(qkv)
+    out.sum().backward()
+    g = qkv.grad.clone()
+    qkv.grad = None
+    ref = flash_attn_qkvpacked_func(qkv, causal=True)
+    ref.sum().backward()
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    torch.testing.assert_close(g, qkv.grad, rtol=0, atol=0)
+
+    b = 2
+    kc, vc = _randn((b, 48, 2, d), device, gen), _randn((b, 48, 2, d), device, gen)
+    kc2, vc2 = kc.clone(), vc.clone()
+    seqlens = torch.tensor([5, 31], dtype=torch.int32, device=device)
+    q1, kn, vn = _randn((b, 2, h, d), device, gen), _randn((b, 2, 2, d), device, gen), \
+        _randn((b, 2, 2, d), device, gen)
+
+    def decode(q, kc, vc, kn, vn, seqlens):
+        return flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens, causal=True,
+                                       return_softmax_lse=True)
+
+    out, lse = torch.compile(decode, fullgraph=True, backend="aot_eager")(q1, kc, vc, kn, vn,
+                                                                           seqlens)
+    ref, ref_lse = decode(q1, kc2, vc2, kn, vn, seqlens)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    torch.testing.assert_close(lse, ref_lse, rtol=0, atol=0)
+    torch.testing.assert_close(kc, kc2, rtol=0, atol=0)
+    torch.testing.assert_close(kc[1, 31:33], kn[1], rtol=0, atol=0)  # appended in place
+
+
+def test_export_forward(gen):
+    class M(torch.nn.Module):
+        def forward(self, q, k, v):
+            return flash_attn_func(q, k, v, causal=True)
+
+    q, k, v = (_randn((1, 17, 4, 32), "cpu", gen) for _ in range(3))
+    ep = torch.export.export(M(), (q, k, v))
+    assert "flashattn_c.fwd" in ep.graph_module.code
+    torch.testing.assert_close(ep.module()(q, k, v), M()(q, k, v), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device, gen):
+    """torch.library.opcheck: schema, fake implementations, autograd registration."""
+    ops = torch.ops.flashattn_c
+    q = _randn((2, 12, 4, 16), device, gen, requires_grad=True)
+    k = _randn((2, 15, 2, 16), device, gen, requires_grad=True)
+    v = _randn((2, 15, 2, 16), device, gen, requires_grad=True)
+    args = (q, k, v, 0.25, True, -1, 0, 0.0, None, None, None, 0, 0, False)
+    torch.library.opcheck(ops.fwd.default, args)
+    out, lse = ops.fwd(*args)
+    dout = _randn(out.shape, device, gen)
+    torch.library.opcheck(ops.bwd.default, (dout, q.detach(), k.detach(), v.detach(),
+                                            out.detach(), lse.detach(), 0.25, True, -1, 0, 0.0, None,
+                                            None, None, 0, 0, False))
+    kc, vc = _randn((2, 32, 2, 16), device, gen), _randn((2, 32, 2, 16), device, gen)
+    seqlens = torch.tensor([3, 20], dtype=torch.int32, device=device)
+    kn, vn = _randn((2, 1, 2, 16), device, gen), _randn((2, 1, 2, 16), device, gen)
+    torch.library.opcheck(ops.fwd_kvcache.default,
+                          (q.detach()[:, :1], kc, vc, kn, vn, seqlens, -1, None, None, 0.25,
+                           True, -1, 0, 0.0, None, 0))
