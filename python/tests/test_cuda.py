@@ -106,9 +106,20 @@ def test_current_stream_is_used(seed):
         out = flashattn.flash_attn_func(q, q, q, causal=True)
     side.synchronize()
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
-    from flashattn import _context
-    keys = list(_context._tls.contexts)
-    assert any(key[2] == side.cuda_stream for key in keys), keys
+    # queued behind a sleep on the side stream: not run while only the default stream is done
+    out = torch.full_like(q, float("nan"))
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU clock cycles
+        flashattn.attention_forward(q, q, q, causal=True, out=out, return_lse=False)
+    torch.cuda.current_stream().synchronize()
+    if not side.query():  # the sleep still runs: our kernel must still wait behind it
+        assert torch.isnan(out).all()
+    side.synchronize()
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    if flashattn.binding() == "ctypes":  # its contexts are per stream
+        from flashattn import _context
+        keys = list(_context._tls.contexts)
+        assert any(key[2] == side.cuda_stream for key in keys), keys
 
 
 def test_varlen_against_per_sequence_sdpa():
