@@ -16,15 +16,17 @@
 #include "sweep.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define HAVE_F16C_PATH 1
 __attribute__((target("f16c"))) static uint16_t hw_f32_to_f16(float f) {
     return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 __attribute__((target("f16c"))) static float hw_f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+/* CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports does not know "f16c") */
 static int have_f16c(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("f16c");
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1);
 }
 #else
 #define HAVE_F16C_PATH 0

@@ -126,13 +126,21 @@ static int amx_usable(void) {
 }
 #endif
 
+#if defined(__x86_64__) || defined(__i386__)
+/* F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know "f16c". */
+static int has_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1);
+}
+#endif
+
 int fa_cpu_isa_supported(fa_cpu_isa isa) {
     if (isa == FA_CPU_ISA_SCALAR) return 1;
 #if defined(FA_CPU_X86_ISAS) && (defined(__x86_64__) || defined(__i386__))
     __builtin_cpu_init();
     /* the levels' -m flags (CMakeLists.txt): AVX-512F also compiles with AVX2, FMA, F16C */
     const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                     __builtin_cpu_supports("f16c");
+                     has_f16c();
     if (isa == FA_CPU_ISA_AVX2) return avx2;
     const int avx512 = avx2 && __builtin_cpu_supports("avx512f");
     if (isa == FA_CPU_ISA_AVX512) return avx512;
@@ -505,7 +513,7 @@ static void detect_features(void) {
     if (__builtin_cpu_supports("avx512bf16")) append("avx512bf16");
     if (__builtin_cpu_supports("avx2")) append("avx2");
     if (__builtin_cpu_supports("fma")) append("fma");
-    if (__builtin_cpu_supports("f16c")) append("f16c");
+    if (has_f16c()) append("f16c");
     unsigned a, b, c, d;
     if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
         if ((d >> 24) & 1) append("amx-tile");
