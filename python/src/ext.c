@@ -223,17 +223,25 @@ static int read_options(PyObject *const *a, fa_params *p) {
 
 /* ---- the calls ---- */
 
-/* Runs a library call on the call's context: on the CPU with the GIL released (the kernels
-   compute there); on CUDA with it held (they only queue work, and torch's allocator, which the
-   library may call for workspace, needs it). */
-#define EXT_RUN(call, ctx, st, expr)                                                          \
+/* Runs `expr`, a library call on the context `c` of the call's device, and sets r from its
+   status: on the CPU with the GIL released (the kernels compute there); on CUDA with it held
+   (they only queue work, and torch's allocator, which the library may call for workspace,
+   needs it). */
+#define EXT_RUN(call, r, c, expr)                                                             \
     do {                                                                                      \
+        fa_context *c = call_context(&(call));                                                \
+        if (!c) {                                                                             \
+            r = -1;                                                                           \
+            break;                                                                            \
+        }                                                                                     \
+        fa_status st_;                                                                        \
         if ((call).device < 0) {                                                              \
-            Py_BEGIN_ALLOW_THREADS st = (expr);                                               \
+            Py_BEGIN_ALLOW_THREADS st_ = (expr);                                              \
             Py_END_ALLOW_THREADS                                                              \
         } else {                                                                              \
-            st = (expr);                                                                      \
+            st_ = (expr);                                                                     \
         }                                                                                     \
+        r = finish(c, st_);                                                                   \
     } while (0)
 
 /* The context for a call's device, with the current stream on CUDA. */
@@ -303,7 +311,8 @@ static PyObject *ext_fwd(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     if ((r = ext_kind_of(&call, a, 3))) goto done;
     if (call.kind == EXT_TORCH && PyObject_IsTrue(a[15]) && (r = ext_needs_grad(a, 3))) goto done;
     if (read_options(a + 6, &p)) goto fail;
-    if ((r = ext_input(&call, a[0], "q", nd, 1, &q)) || (r = ext_input(&call, a[1], "k", nd, 1, &k)) ||
+    if ((r = ext_input(&call, a[0], "q", nd, 1, &q)) ||
+        (r = ext_input(&call, a[1], "k", nd, 1, &k)) ||
         (r = ext_input(&call, a[2], "v", nd, 1, &v)))
         goto done;
     want_lse = a[4] != Py_None || PyObject_IsTrue(a[5]);
@@ -324,11 +333,7 @@ static PyObject *ext_fwd(PyObject *self, PyObject *const *a, Py_ssize_t n) {
         if (!r && want_lse) r = ext_fill(&call, call.out[1], -INFINITY);
         goto done;
     }
-    fa_context *c = call_context(&call);
-    if (!c) goto fail;
-    fa_status st;
-    EXT_RUN(call, c, st, fa_fwd(c, &q, &k, &v, &p, &o, want_lse ? &l : NULL));
-    r = finish(c, st);
+    EXT_RUN(call, r, c, fa_fwd(c, &q, &k, &v, &p, &o, want_lse ? &l : NULL));
     goto done;
 fail:
     r = -1;
@@ -354,7 +359,8 @@ static PyObject *ext_bwd(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     if ((det = PyObject_IsTrue(a[18])) < 0) goto fail;
     p.deterministic = det;
     if ((r = ext_input(&call, a[0], "dout", nd, 1, &dout)) ||
-        (r = ext_input(&call, a[1], "q", nd, 1, &q)) || (r = ext_input(&call, a[2], "k", nd, 1, &k)) ||
+        (r = ext_input(&call, a[1], "q", nd, 1, &q)) ||
+        (r = ext_input(&call, a[2], "k", nd, 1, &k)) ||
         (r = ext_input(&call, a[3], "v", nd, 1, &v)) ||
         (r = ext_input(&call, a[4], "out", nd, 1, &o)) ||
         (r = ext_input(&call, a[5], "softmax_lse", varlen ? 2 : 3, 0, &lse)))
@@ -372,11 +378,7 @@ static PyObject *ext_bwd(PyObject *self, PyObject *const *a, Py_ssize_t n) {
         for (int i = 0; i < 3 && !r; i++) r = ext_fill(&call, call.out[i], 0.0);
         goto done;
     }
-    fa_context *c = call_context(&call);
-    if (!c) goto fail;
-    fa_status st;
-    EXT_RUN(call, c, st, fa_bwd(c, &q, &k, &v, &o, &dout, &lse, &p, &dq, &dk, &dv));
-    r = finish(c, st);
+    EXT_RUN(call, r, c, fa_bwd(c, &q, &k, &v, &o, &dout, &lse, &p, &dq, &dk, &dv));
     goto done;
 fail:
     r = -1;
@@ -409,7 +411,8 @@ static PyObject *ext_fwd_kvcache(PyObject *self, PyObject *const *a, Py_ssize_t 
     if (append) {
         if ((r = ext_inplace(&call, a[1], "k_cache", 4, &cache.k)) ||
             (r = ext_inplace(&call, a[2], "v_cache", 4, &cache.v)) ||
-            (r = ext_input(&call, a[3], "k", 4, 1, &kn)) || (r = ext_input(&call, a[4], "v", 4, 1, &vn)))
+            (r = ext_input(&call, a[3], "k", 4, 1, &kn)) ||
+            (r = ext_input(&call, a[4], "v", 4, 1, &vn)))
             goto done;
         if (kn.shape[1] == 0) { r = EXT_DECLINE; goto done; }
     } else if ((r = ext_input(&call, a[1], "k_cache", 4, 1, &cache.k)) ||
@@ -422,7 +425,8 @@ static PyObject *ext_fwd_kvcache(PyObject *self, PyObject *const *a, Py_ssize_t 
     if (call.index_len[0] != batch) { r = EXT_DECLINE; goto done; }
     if (a[6] != Py_None) {
         int64_t shape[2];
-        if ((r = ext_index(&call, a[6], 2, 1, &cache.block_table, shape, &cache.block_table_stride)))
+        if ((r = ext_index(&call, a[6], 2, 1, &cache.block_table, shape,
+                           &cache.block_table_stride)))
             goto done;
         if (shape[0] != batch || shape[1] < 1) { r = EXT_DECLINE; goto done; }
         cache.max_pages = shape[1];
@@ -436,13 +440,9 @@ static PyObject *ext_fwd_kvcache(PyObject *self, PyObject *const *a, Py_ssize_t 
     if (want_lse && (r = ext_output(&call, a[8], "softmax_lse", a[0], lshape, 3, 1, 1, &l)))
         goto done;
     if (a[14] != Py_None && (r = ext_alibi(&call, a[14], batch, q.shape[2], &p))) goto done;
-    fa_context *c = call_context(&call);
-    if (!c) goto fail;
-    fa_status st;
-    EXT_RUN(call, c, st,
+    EXT_RUN(call, r, c,
             fa_fwd_kvcache(c, &q, &cache, append ? &kn : NULL, append ? &vn : NULL, &p,
                            (int)splits, &o, want_lse ? &l : NULL));
-    r = finish(c, st);
     goto done;
 fail:
     r = -1;
@@ -475,14 +475,7 @@ static PyObject *ext_merge(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     if ((r = ext_output(&call, a[2], "out", a[2], parts[0].shape, parts[0].ndim, 0, 0, &o)) ||
         (r = ext_output(&call, a[3], "softmax_lse", a[3], lses[0].shape, lses[0].ndim, 1, 1, &l)))
         goto done;
-    fa_context *c = call_context(&call);
-    if (!c) goto fail;
-    fa_status st;
-    EXT_RUN(call, c, st, fa_merge_attn(c, (int)np, parts, lses, &o, &l));
-    r = finish(c, st);
-    goto done;
-fail:
-    r = -1;
+    EXT_RUN(call, r, c, fa_merge_attn(c, (int)np, parts, lses, &o, &l));
 done:
     return result(r, &call, 2);
 }

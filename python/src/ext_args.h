@@ -26,7 +26,7 @@ typedef struct ext_globals {
     PyObject *raw_stream, *raw_alloc, *raw_delete;         /* torch._C CUDA entry points */
     PyObject *grad_enabled;                                /* torch.is_grad_enabled */
     PyObject *np_empty, *np_f32, *np_f64;                  /* numpy.empty and dtypes */
-    PyObject *error, *arg_error;                           /* FlashAttnError and its ValueError kin */
+    PyObject *error, *arg_error;                           /* FlashAttnError, ...ArgumentError */
 } ext_globals;
 extern ext_globals G;
 

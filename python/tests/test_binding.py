@@ -74,4 +74,5 @@ def test_empty_and_errors_through_either_binding(rng, monkeypatch):
         assert flashattn.last_selection() is None
         good = rng.standard_normal((1, 4, 2, 8)).astype(np.float32)
         with pytest.raises(flashattn.FlashAttnArgumentError, match="FA_ERR_GQA"):
-            flashattn.flash_attn_func(good, good[:, :, :1].repeat(3, 2), good[:, :, :1].repeat(3, 2))
+            kv = good[:, :, :1].repeat(3, 2)  # 3 kv heads for 2 query heads
+            flashattn.flash_attn_func(good, kv, kv)

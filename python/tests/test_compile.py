@@ -138,8 +138,8 @@ def test_opcheck(device, gen):
     out, lse = ops.fwd(*args)
     dout = _randn(out.shape, device, gen)
     torch.library.opcheck(ops.bwd.default, (dout, q.detach(), k.detach(), v.detach(),
-                                            out.detach(), lse.detach(), 0.25, True, -1, 0, 0.0, None,
-                                            None, None, 0, 0, False))
+                                            out.detach(), lse.detach(), 0.25, True, -1, 0, 0.0,
+                                            None, None, None, 0, 0, False))
     kc, vc = _randn((2, 32, 2, 16), device, gen), _randn((2, 32, 2, 16), device, gen)
     seqlens = torch.tensor([3, 20], dtype=torch.int32, device=device)
     kn, vn = _randn((2, 1, 2, 16), device, gen), _randn((2, 1, 2, 16), device, gen)
