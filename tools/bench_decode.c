@@ -2,7 +2,9 @@
  * bench_decode.c — `flashattn bench --decode`: inference decoding, fa_fwd_kvcache with one
  * query token per sequence against a full KV cache, over batch sizes and cache lengths, with a
  * contiguous cache and a paged one whose pages lie in shuffled order, and with the device
- * checks of seqlens/block_table on and off. A decode step reads the whole cache once and does
+ * checks of seqlens/block_table "on" (FA_DEVICE_CHECKS_SYNC: a check kernel and a wait before
+ * each call) and "off" (FA_DEVICE_CHECKS_ASYNC, the default: the kernels check as they read,
+ * with no wait). A decode step reads the whole cache once and does
  * little arithmetic, so its figure of merit is the K/V bytes read per second, set against
  * what the memory can do: a device-to-device copy, measured in the same run before and after
  * the sweep (the GPU's speed drifts; the higher of the two is the reference).
@@ -214,8 +216,8 @@ static int time_row(fa_context *ctx, const bench_cfg *cfg, const fa_kvcache *cac
     row->median_s = tool_median(times, reps);
     row->span_mean_s = span;
     /* Back to back: what a serving loop sees when the host queues step after step (launch
-       overhead included where the host is slower than the GPU; with checks on, the per-call
-       synchronisation too). */
+       overhead included where the host is slower than the GPU; with checks on (synchronous),
+       the per-call synchronisation too). */
     bench_timer_start(tm, 0);
     double h0 = tool_now();
     for (int i = 0; i < reps && st == FA_OK; i++, call_no++)

@@ -80,7 +80,8 @@ static void usage(FILE *f) {
             "  --contiguous       only the contiguous cache [B, len, Hkv, d]\n"
             "  --paged            only the paged cache: pages of the pool in random order\n"
             "  --page-size N      tokens per page (default 256)\n"
-            "  --checks WHICH     device checks of seqlens/block_table: on, off or both\n"
+            "  --checks WHICH     device checks of seqlens/block_table: on (synchronous, before\n"
+            "                     the call), off (in the kernels: the library default) or both\n"
             "                     (default both)\n"
             "  --splits N         num_splits for fa_fwd_kvcache (default 0: the library's)\n"
             "  --copy-bytes B     size of the device-to-device copy measured (default 1G)\n");
