@@ -116,11 +116,7 @@ def scale_of(softmax_scale, q):
 
 def attention(q, k, v, opts, return_lse):
     """flash_attn_func and the varlen functions under tracing: out, or (out, lse)."""
-    if opts.softmax_scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-    else:
-        scale = opts.softmax_scale
-    out, lse = fwd(q, k, v, scale, opts.causal, opts.window[0], opts.window[1], opts.softcap,
+    out, lse = fwd(q, k, v, scale_of(opts.softmax_scale, q), opts.causal, opts.window[0], opts.window[1], opts.softcap,
                    opts.alibi_slopes, opts.cu_seqlens_q, opts.cu_seqlens_k, opts.max_seqlen_q,
                    opts.max_seqlen_k, opts.deterministic)
     return (out, lse) if return_lse else out
