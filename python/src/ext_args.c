@@ -197,6 +197,7 @@ int ext_kind_of(ext_call *c, PyObject *const *xs, int n) {
         if (!kind || (c->kind && kind != c->kind)) return EXT_DECLINE; /* Python says why */
         if (!c->kind) {
             c->kind = kind;
+            c->first = x;
             if (kind == EXT_TORCH && (c->device = torch_device(x)) == -2) return -1;
         }
     }
@@ -267,7 +268,7 @@ static void check_ndim_msg(const char *name, const fa_tensor *t, int nd) {
    it (copy_ok), like the ctypes layer's prepare(). */
 static int torch_view(ext_call *c, PyObject *x, const char *name, int copy_ok, int last_unit,
                       fa_tensor *t) {
-    if (same_device(c, x, name)) return -1;
+    if (x != c->first && same_device(c, x, name)) return -1; /* the first one set the device */
     int i32;
     fa_dtype dt;
     int r = torch_dtype(x, &dt, &i32);

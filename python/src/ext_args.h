@@ -36,6 +36,7 @@ extern ext_globals G;
 typedef struct ext_call {
     int kind;   /* EXT_TORCH or EXT_NUMPY */
     int device; /* -1: host memory; else the CUDA device index */
+    PyObject *first; /* the argument kind and device were read from (borrowed) */
     PyObject *keep[EXT_MAX_KEEP];
     int nkeep;
     Py_buffer buf[EXT_MAX_BUF];
