@@ -3,6 +3,9 @@ BUILD      ?= build
 ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
+# make install PREFIX=/opt/flashattn: the prefix is set when the build is configured, since the
+# pkg-config file records it; empty keeps CMake's default (/usr/local) or the build's last one.
+PREFIX     ?=
 
 VENV       ?= .venv
 PYTHON     ?= python3
@@ -16,7 +19,8 @@ deps:
 	@scripts/deps.sh
 
 build: deps
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_VENV=$(abspath $(VENV)) $(CMAKE_ARGS)
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_VENV=$(abspath $(VENV)) \
+	  $(if $(PREFIX),-DCMAKE_INSTALL_PREFIX=$(abspath $(PREFIX))) $(CMAKE_ARGS)
 	cmake --build $(BUILD) -j $(JOBS)
 
 demo: build

@@ -11,7 +11,7 @@ FLOPs: forward 4 B H N^2 d (half when causal), backward 2.5x forward. Prints one
 with both rates and ours / torch.
 
     /tmp/torchvenv/bin/python bench/cpu_vs_torch.py --tool build/tools/flashattn \\
-        --json bench/results/cpu.json
+        --json /tmp/cpu.json
     ... --head-dim 128 --seqlens 2048 --dtype f32 --op fwd     # narrower
 
 torch is not a dependency of the project: use a scratch venv with the CPU wheel.

@@ -42,7 +42,7 @@
 #   PAUSE       seconds the GPU idles before each row, on both sides (default 0.25): our
 #               sweep ran its rows back to back while peers.py fills new inputs between
 #               rows, so their rows started from a less throttled clock (per-row minimum
-#               12% above the median for cuDNN, 4% for ours; bench/NOTES.md, 2026-11-27)
+#               12% above the median for cuDNN, 4% for ours; docs/perf/fwd_sm90.md, 2026-11-27)
 #   DECODE_ROUNDS      rounds of (our decode sweep, the peers') (default 2), best round kept
 #   DECODE_ARGS        options for both `flashattn bench --decode` and bench/peers_decode.py,
 #                      which share their names (e.g. "--batches 1 --cache-lens 8192,32768")
@@ -55,7 +55,9 @@
 #               sanitize.log test.log bench.log build.log (the decode and door stages log into
 #               bench.log; decode.json holds both sides). STAGES="build test bench decode" or
 #               more make more than 8: the last of that list stay behind, and summary.txt
-#               names them.
+#               names them. table.md, decode.md, door.md and sanitize.log become the current
+#               tables of this card under bench/results/ through bench/record.py (bench/README.md,
+#               "Results"): summary.txt ends with the record.py line for each.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 T0=$(date +%s)
@@ -331,6 +333,15 @@ if has_stage door; then
   publish
 fi
 
+# The record.py line that files each table as the current one of this card and workload
+# (bench/README.md, "Results"), so that the names under bench/results/ are not retyped by hand.
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -o -m 1 'H[0-9]00' | tr H h)
+sweep=fwd-bwd
+case " ${SWEEP_ARGS:-} ${BENCH_ARGS:-} " in *" --op fwd "*) sweep=fwd ;; esac
+for pair in "table.md $sweep" "decode.md decode" "door.md door" "sanitize.log sanitize"; do
+  read -r file workload <<<"$pair"
+  [ -f "$WORK/$file" ] && note "to file: python3 bench/record.py ${card:-<card>} $workload $file --commit $COMMIT"
+done
 note "total $(elapsed)s"
 publish
 [ -n "$HELD_BACK" ] && note "held back by the 8-file limit:$HELD_BACK" && publish

@@ -9,7 +9,7 @@
 #
 # Environment: SHAPES, space-separated D:N:CAUSAL (default "128:512:0 128:512:1 64:512:1
 # 128:16384:0"), at 16384 tokens and model dim 2048 as the sweep; IMPLS (default "cudnn flash
-# ours"); ENVS (variables for our side, e.g. FLASHATTN_SM90_D64=2); SASS=1 adds the
+# ours"); ENVS (variables for our side, e.g. FLASHATTN_CUDA_SM90=0); SASS=1 adds the
 # per-instruction counters and writes each run's SASS with them (sass_*.csv: the peers' kernels'
 # instruction shapes and order, e.g. their wgmma widths). Without "ours" nothing is built.
 # Files back: launches.md (one row per kernel launch profiled), ncu_*.csv, sass_*.csv.

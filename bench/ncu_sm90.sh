@@ -3,18 +3,20 @@
 # builds (gpu.sh's build stage), then profiles the sm90 kernel under each of SCHEDULES at one
 # shape and writes, per schedule, the details page (ncu_<s>.csv: speed of light, warp states,
 # instruction mix) and the per-instruction SASS page (sass_<s>.csv: executed instructions and
-# stall samples per line, summarised by bench/sass_stalls.py).
+# stall samples per line, summarised by bench/sass_stalls.py). A bring-up build
+# (-DFLASHATTN_BRINGUP=ON, folder build-bringup), whose FLASHATTN_SM90_SCHEDULE picks the schedule.
 #
 #   run(command="COMMIT=<sha> bash bench/ncu_sm90.sh", carry=[".deps"], timeout_s=600)
 #
-# Environment: SCHEDULES (default "plain pingpong"), SHAPE (the bench options of the profiled
+# Environment: SCHEDULES (default "overlap pingpong"), SHAPE (the bench options of the profiled
 # call; default bf16 d 128, batch 2, 16 heads, seqlen 8192, non-causal), PRE (a command run
 # after the build, e.g. a test; its output goes to pre.log).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/fa-out}
-BUILD=${BUILD:-build-gpu}
-SCHEDULES=${SCHEDULES:-plain pingpong}
+BUILD=${BUILD:-build-bringup}
+export BUILD CMAKE_ARGS="-DFLASHATTN_BRINGUP=ON ${CMAKE_ARGS:-}"
+SCHEDULES=${SCHEDULES:-overlap pingpong}
 SHAPE=${SHAPE:---batch 2 --heads 16 --head-dim 128 --seqlens 8192 --dtype bf16}
 mkdir -p "$OUT"
 . bench/device_build.sh

@@ -48,14 +48,14 @@ def parse_bytes(text):
 
 
 def fwd_flops(b, h, d, sq, sk, causal):
-    """4*B*H*Nq*Nk*d, a causal square counting half: the tool's rule (bench_flops.c)."""
+    """4*B*H*Nq*Nk*d, a causal square counting half: the tool's rule (bench/c/bench_flops.c)."""
     full = 4.0 * b * h * d * sq * sk
     return 0.5 * full if causal else full
 
 
 def rep_count(args, est):
     """At least --reps calls and --min-time seconds of them, at most --max-time seconds
-    (never fewer than 3): the tool's rule (bench_run.c)."""
+    (never fewer than 3): the tool's rule (bench/c/bench_run.c)."""
     reps = float(args.reps)
     if est > 0 and args.min_time > 0:
         reps = max(reps, math.ceil(args.min_time / est))

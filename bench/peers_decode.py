@@ -4,8 +4,8 @@ enable_gqa=True, restricted to its FlashAttention-2 backend ("flash"), its cuDNN
 ("cudnn") and its memory-efficient backend ("efficient"), on the same decode rows: one query
 token per sequence against a full KV cache, batch x cache length, GQA heads_q/heads_kv.
 
-The method is the tool's (bench_decode.c), so bench/table_decode.py can join the two files
-row by row: standard normal values; one pool of K and one of V, sized for the largest row and
+The method is the tool's (bench/c/bench_decode.c), so bench/table_decode.py can join the two
+files row by row: standard normal values; one pool of K and one of V, sized for the largest row and
 viewed by every row with its own shape, BSHD memory as flashattn reads it ([B, H, S, D] views
 for SDPA; --layout bhsd gives SDPA contiguous [B, H, S, D] instead); calls rotate over disjoint
 sets of the pool that together exceed four times the L2, so no call finds its cache there;

@@ -6,7 +6,7 @@
 
 Prints the stall samples by reason, by opcode (with executed instruction counts), and the
 hottest SASS lines with their addresses, so that a wait on one mbarrier or one wgmma can be told
-from another (bench/NOTES.md reads these for the Hopper forward).
+from another (docs/perf/fwd_sm90.md reads these for the Hopper forward).
 """
 import argparse
 import collections

@@ -5,12 +5,13 @@
 # grid and once with a persistent grid of 3 blocks, so that every block loops over tiles),
 # verbose so that the log names the kernel of every case; then the op's bench sweep of each
 # variant; the peers (SDPA cuDNN and flash) once; one table of all variants beside the peers
-# (bench/variants.py).
+# (bench/variants.py). It builds a bring-up build (-DFLASHATTN_BRINGUP=ON, folder build-bringup),
+# the only kind that reads the FLASHATTN_SM90_* switches (src/cuda/fwd_sm90_bringup.cuh).
 #
 #   run(command="COMMIT=<sha> bash bench/sm90_try.sh", carry=[".deps"], timeout_s=600)
 #
 # Environment: OP (fwd or bwd), VARIANTS, space-separated NAME=VAR=VALUE[,VAR=VALUE...] (the
-# bring-up switches of fwd_sm90.cu, FLASHATTN_CUDA_SM90_BWD=0 for the sm80 backward; default
+# bring-up switches of fwd_sm90_bringup.cuh, FLASHATTN_CUDA_SM90_BWD=0 for the sm80 backward; default
 # "default=FLASHATTN_SM90_SCHEDULE=overlap"), SWEEP_ARGS (both
 # sides, default the whole forward sweep), ROUNDS (default 1: rounds of the variants' benches,
 # in turn, so that the clock's drift falls on all alike; round r > 1 of NAME is column NAME.r),
@@ -19,7 +20,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/fa-out}
-BUILD=${BUILD:-build-gpu}
+BUILD=${BUILD:-build-bringup}
+export BUILD CMAKE_ARGS="-DFLASHATTN_BRINGUP=ON ${CMAKE_ARGS:-}"
 VARIANTS=${VARIANTS:-default=FLASHATTN_SM90_SCHEDULE=overlap}
 SWEEP_ARGS=${SWEEP_ARGS:-}
 COMMIT=${COMMIT:-unknown}

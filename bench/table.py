@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Joins `flashattn bench --json` (ours) with bench/peers.py --json (PyTorch's FlashAttention-2
-and cuDNN backends) into the markdown table committed under bench/results/: TFLOP/s of each
-implementation and the ratios ours/flash and ours/cudnn, forward and backward, per head dim,
-sequence length and mask.
+and cuDNN backends) into the markdown table that bench/record.py files under bench/results/:
+TFLOP/s of each implementation and the ratios ours/flash and ours/cudnn, forward and backward,
+per head dim, sequence length and mask.
 
     python3 bench/table.py ours.json peers.json --commit abc1234 \\
-        --command "bash bench/gpu.sh" --out bench/results/h100.md
+        --command "bash bench/gpu.sh" --out table.md
+    python3 bench/record.py h100 fwd table.md --commit abc1234   # into bench/results/
 
 Rows are joined on (op, dtype, batch, heads, head dim, seqlens, causal); a side that failed
 shows its error as a footnote, a side that is absent shows a dash.

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Joins `flashattn bench --decode --json` (ours) with bench/peers_decode.py --json (PyTorch
-SDPA: flash, cuDNN, efficient) into the markdown table committed under bench/results/: per
-batch, cache length and cache layout, our microseconds per call with the device checks on and
-off, the peers' microseconds, our K/V bytes read per second and their fraction of the copy
-bandwidth measured in the same run, and the speedup over the best peer; then the two
-done-when criteria of issue 4, evaluated row by row.
+SDPA: flash, cuDNN, efficient) into the markdown table that bench/record.py files under
+bench/results/: per batch, cache length and cache layout, our microseconds per call with the
+device checks on and off, the peers' microseconds, our K/V bytes read per second and their
+fraction of the copy bandwidth measured in the same run, and the speedup over the best peer;
+then the two done-when criteria of issue 4, evaluated row by row.
 
     python3 bench/table_decode.py decode.json --commit abc1234 --command "..." --out t.md
     python3 bench/table_decode.py ours.json peers.json

@@ -36,13 +36,13 @@ def main(argv):
             if ok(r):
                 rows.setdefault(key(r), {})[name] = r["tflops"]
     names = [n for n, _ in variants]
-    print("| d | seqlen | causal | " + " | ".join(names) + " | flash | cudnn | " +
+    print("| op | d | seqlen | causal | " + " | ".join(names) + " | flash | cudnn | " +
           " | ".join("%s/cudnn" % n for n in names) + " | " +
           " | ".join("%s/flash" % n for n in names) + " |")
-    print("|---|---|---|" + "---:|" * (3 * len(names) + 2))
+    print("|---|---|---|---|" + "---:|" * (3 * len(names) + 2))
     logs = {n: [] for n in names}
     logs_fl = {n: [] for n in names}
-    for k in sorted(rows, key=lambda k: (k[1], k[4], k[2])):
+    for k in sorted(rows, key=lambda k: (k[7], k[1], k[4], k[2])):
         cud, fl = peer.get((k, "cudnn")), peer.get((k, "flash"))
         cells = ["%.1f" % rows[k][n] if n in rows[k] else "–" for n in names]
         ratios = []
@@ -53,8 +53,8 @@ def main(argv):
                     lg[n].append(math.log(rows[k][n] / ref))
                 else:
                     ratios.append("–")
-        print("| %d | %d | %s | %s | %s | %s | %s |" % (
-            k[1], k[2], "yes" if k[4] else "no", " | ".join(cells),
+        print("| %s | %d | %d | %s | %s | %s | %s | %s |" % (
+            k[7], k[1], k[2], "yes" if k[4] else "no", " | ".join(cells),
             "%.1f" % fl if fl else "–", "%.1f" % cud if cud else "–", " | ".join(ratios)))
     print()
     for peer_name, lg in (("cudnn", logs), ("flash", logs_fl)):

@@ -21,6 +21,14 @@
  *    the token dimension and described by cu_seqlens arrays (see fa_params).
  *  - All work goes through an fa_context, which owns the backend choice, the thread count, the
  *    CUDA stream, the workspace and the record of which kernel ran (fa_last_selection()).
+ *  - No element of an output is written twice. An output tensor must not alias itself: its
+ *    dimensions of size > 1, taken in increasing order of stride, must each have a stride
+ *    larger than the offset of the last element of the ones before it (BSHD: head stride
+ *    >= head_dim, and so on). This also refuses the rare layout whose elements interleave
+ *    without sharing an address. Outputs of one call may share a buffer where the call says
+ *    so (packed dq/dk/dv, an interleaved K/V cache) as long as no two share an element
+ *    (checked exactly for outputs with equal strides, as views of one packed buffer have);
+ *    an lse output shares nothing with another output. Violations are FA_ERR_INVALID_ARGUMENT.
  *
  * Semantics (identical on every backend; they follow the reference FlashAttention package)
  * ---------------------------------------------------------------------------------------
@@ -39,7 +47,15 @@
  *  - Accumulation is always in fp32 (the CPU reference in fp64).
  *
  * Thread safety: a context may be used by one thread at a time; distinct contexts are
- * independent. fa_status_string() and fa_version() may be called from anywhere.
+ * independent. fa_status_string() and fa_version() may be called from anywhere. Every call
+ * that takes a context (the calls, the workspace queries, fa_context_set_*, fa_context_check)
+ * marks it in use for its duration with an atomic flag; a call that finds it marked by another
+ * thread returns FA_ERR_BUSY at once and touches nothing of the context: the other call's
+ * message and selection record stay as they are, and on the refused thread fa_last_error(ctx)
+ * says FA_ERR_BUSY's message and fa_last_selection(ctx) is NULL until its next call on ctx.
+ * This detects misuse; it is no lock: take one context per thread. fa_last_error(),
+ * fa_last_selection() and fa_context_destroy() do not mark the context, so they must not run
+ * beside a call on it.
  */
 #ifndef FLASHATTN_H
 #define FLASHATTN_H
@@ -59,12 +75,19 @@ extern "C" {
 #define FA_API
 #endif
 
+/* 0.2.0: fa_params starts with struct_size and version, and fa_params_default() moved into
+   this header (an ABI change: rebuild callers; the shared library's soname is
+   libflashattn.so.0.2). */
 #define FA_VERSION_MAJOR 0
-#define FA_VERSION_MINOR 1
+#define FA_VERSION_MINOR 2
 #define FA_VERSION_PATCH 0
 
 /* Largest head dimension any backend accepts (the CUDA backend accepts a fixed subset). */
 #define FA_MAX_HEAD_DIM 256
+/* Largest fa_params.softmax_scale accepted: 2^126 (scale * log2(e) stays below FLT_MAX). */
+#define FA_MAX_SOFTMAX_SCALE 8.5070592e+37f
+/* Largest |ALiBi slope| accepted: 2^64 (a slope times a distance below 2^63 stays finite). */
+#define FA_MAX_ALIBI_SLOPE 1.8446744e+19f
 
 /* ------------------------------------------------------------------------------------------ */
 /* Status codes                                                                               */
@@ -88,7 +111,8 @@ typedef enum fa_status {
     FA_ERR_OUT_OF_MEMORY = 13,     /* allocation of workspace failed                           */
     FA_ERR_WORKSPACE = 14,         /* user workspace smaller than fa_*_workspace_size() asks   */
     FA_ERR_CUDA = 15,              /* the CUDA runtime reported an error (message has it)      */
-    FA_ERR_INTERNAL = 16           /* a bug in flashattn: please report it                     */
+    FA_ERR_INTERNAL = 16,          /* a bug in flashattn: please report it                     */
+    FA_ERR_BUSY = 17               /* another thread is inside a call on the same context      */
 } fa_status;
 
 /* A short constant English description of a status code ("null pointer", ...). Never NULL. */
@@ -151,11 +175,25 @@ FA_API fa_tensor fa_tensor_2d(void *data, fa_dtype dtype, fa_device device, int6
 /* ------------------------------------------------------------------------------------------ */
 
 /*
- * Every option of an attention call. Start from fa_params_default() and set what you need;
- * later versions may add fields at the end, which the default constructor initialises.
+ * Every option of an attention call. Start from fa_params_default() (below, in this header) and
+ * set what you need. Later versions may add fields at the end; struct_size and version say
+ * which fields a caller's struct has, so that a library and a caller built from different
+ * versions of this header never read past each other's struct.
  */
+#define FA_PARAMS_VERSION 1
 typedef struct fa_params {
-    /* Multiplier of Q K^T. 0 (the default) means 1/sqrt(head_dim). Must be finite and >= 0. */
+    /* sizeof(fa_params) and FA_PARAMS_VERSION of the caller's header, set by
+       fa_params_default(); never set them by hand. Every call checks them first and refuses
+       (FA_ERR_INVALID_ARGUMENT, nothing written) a struct that did not come from the
+       initialiser (zeroed: version 0), one from a newer header than the library's (a version
+       it does not know), and one whose size is not its version's size. A struct of an older
+       version that the library still knows is read up to its size, the fields it lacks taken
+       at their defaults. */
+    uint32_t struct_size;
+    uint32_t version;
+    /* Multiplier of Q K^T. 0 (the default) means 1/sqrt(head_dim). Must be finite, >= 0 and
+       <= FA_MAX_SOFTMAX_SCALE (FA_ERR_INVALID_ARGUMENT otherwise): the kernels fold
+       scale * log2(e) into one fp32 constant, which must stay finite. */
     float softmax_scale;
     /* Bottom-right aligned causal mask: window_right becomes 0 (a causal call with
        window_right > 0 is FA_ERR_INVALID_ARGUMENT; window_left still applies). */
@@ -166,7 +204,11 @@ typedef struct fa_params {
     /* Tanh soft-capping of the scaled scores; 0 disables. Must be finite and >= 0. */
     float softcap;
     /* ALiBi slopes, fp32, on the same device as the tensors: heads_q values, or batch rows of
-       heads_q values each alibi_batch_stride apart. NULL disables. */
+       heads_q values each alibi_batch_stride apart. NULL disables. Each slope must be finite
+       with |slope| <= FA_MAX_ALIBI_SLOPE, so that a bias -slope * distance stays finite at
+       every distance a 64-bit length allows. On the CPU every slope the call reads is checked
+       (FA_ERR_INVALID_ARGUMENT naming it, nothing written); on CUDA the slopes live in device
+       memory and are not checked: a bad one makes its head's results unspecified (NaN). */
     const float *alibi_slopes;
     int64_t alibi_batch_stride;  /* 0: one slope per head shared by every batch entry;
                                     else >= heads_q (FA_ERR_INVALID_ARGUMENT otherwise) */
@@ -184,8 +226,28 @@ typedef struct fa_params {
     int deterministic;
 } fa_params;
 
-/* All defaults: scale 1/sqrt(d), no mask, no window, no softcap, no ALiBi, not varlen. */
-FA_API fa_params fa_params_default(void);
+/* All defaults: scale 1/sqrt(d), no mask, no window, no softcap, no ALiBi, not varlen; and
+   struct_size and version of this header. Inline, so that they are the caller's, not the
+   library's: bindings that cannot call it (ctypes) set the same fields themselves. */
+static inline fa_params fa_params_default(void) {
+    fa_params p; /* every field assigned: an initialiser list warns in C++ (-Wextra) */
+    p.struct_size = (uint32_t)sizeof(fa_params);
+    p.version = FA_PARAMS_VERSION;
+    p.softmax_scale = 0.0f;
+    p.causal = 0;
+    p.window_left = -1;
+    p.window_right = -1;
+    p.softcap = 0.0f;
+    p.alibi_slopes = NULL;
+    p.alibi_batch_stride = 0;
+    p.cu_seqlens_q = NULL;
+    p.cu_seqlens_k = NULL;
+    p.batch = 0;
+    p.max_seqlen_q = 0;
+    p.max_seqlen_k = 0;
+    p.deterministic = 0;
+    return p;
+}
 
 /* ------------------------------------------------------------------------------------------ */
 /* Context                                                                                    */
@@ -227,7 +289,8 @@ typedef struct fa_context fa_context;
  * bf16 parts (kernels cpu_fwd_amx_bf16x6_f32_*, cpu_bwd_amx_bf16x6_f32_*, fp32 accuracy under
  * the library's 2x rule), and FLASHATTN_CPU_F32_AMX=0 returns both to the AVX-512 FMA kernels
  * (the selection's reason says so); FLASHATTN_CPU_BWD_SCHEDULE=one-pass|two-pass forces the
- * backward's schedule (the amx fp32 backward has one, and says so in the reason).
+ * backward's schedule (the amx fp32 backward has one, and says so in the reason). Each
+ * variable is read here, once: a context keeps what it found at its creation.
  * Returns FA_OK, FA_ERR_NULL_POINTER, FA_ERR_INVALID_ARGUMENT, FA_ERR_NO_BACKEND,
  * FA_ERR_OUT_OF_MEMORY. On error *ctx is set to NULL and fa_last_error(NULL) has the message.
  */
@@ -361,16 +424,29 @@ FA_API const fa_selection *fa_last_selection(const fa_context *ctx);
  *   q    [batch, seqlen_q, heads_q,  d]   (varlen: [total_q, heads_q, d])
  *   k    [batch, seqlen_k, heads_kv, d]   (varlen: [total_k, heads_kv, d])
  *   v    [batch, seqlen_k, heads_kv, d]   same shape as k
- *   p    options; NULL means fa_params_default()
+ *   p    options from fa_params_default(); NULL means the defaults
  *   out  [batch, seqlen_q, heads_q, d], same dtype as q, any strides (written)
  *   lse  fp32 [batch, heads_q, seqlen_q] (varlen: [heads_q, total_q]) or NULL (written);
  *        f64 when the inputs are f64 (FA_ALGO_NAIVE)
  * q, k, v, out share one dtype (f32, f16 or bf16; f64 with FA_ALGO_NAIVE) and one device.
  * d is 1..256 on the CPU (d = 0 is FA_ERR_SHAPE, d > 256 FA_ERR_HEAD_DIM).
- * out and lse must not overlap the inputs (FA_ERR_INVALID_ARGUMENT).
+ * out and lse must not overlap the inputs, nor each other, nor alias themselves (see the top of
+ * this file; FA_ERR_INVALID_ARGUMENT).
+ * Special values (the data is not checked; this is what the CPU kernels and the reference do):
+ *  - Finite inputs whose exact results are finite give finite results, however large the
+ *    scores (the exponentials are of score minus row max, never above 1; huge scores make the
+ *    softmax one-hot). A dot product q.k that overflows fp32 is an infinite score (below).
+ *  - A key a row cannot see (masked by causal / window) does not contribute to that row, even
+ *    when its K or V holds NaN or +-Inf: its weight is exactly 0 and is never multiplied.
+ *  - A key a row sees: NaN in its K (or a NaN score) makes the row's O and LSE NaN; NaN in
+ *    element x of its V makes column x of the row's O NaN; NaN in a row's Q makes its O and
+ *    LSE NaN. An infinite score (from +-Inf in Q or K): +inf, or Inf - Inf, makes the row NaN;
+ *    -inf gives that key weight 0, like a masked one. +-Inf in element x of V makes column x
+ *    of O +-Inf (NaN where Infs of both signs meet, or where the key's weight underflows to 0).
  * Returns FA_OK or: FA_ERR_NULL_POINTER, FA_ERR_INVALID_ARGUMENT, FA_ERR_SHAPE, FA_ERR_DTYPE,
  * FA_ERR_STRIDE, FA_ERR_HEAD_DIM, FA_ERR_GQA, FA_ERR_VARLEN, FA_ERR_OVERFLOW, FA_ERR_DEVICE,
- * FA_ERR_UNSUPPORTED, FA_ERR_NO_BACKEND, FA_ERR_OUT_OF_MEMORY, FA_ERR_WORKSPACE, FA_ERR_CUDA.
+ * FA_ERR_UNSUPPORTED, FA_ERR_NO_BACKEND, FA_ERR_OUT_OF_MEMORY, FA_ERR_WORKSPACE, FA_ERR_CUDA,
+ * FA_ERR_BUSY.
  */
 FA_API fa_status fa_fwd(fa_context *ctx, const fa_tensor *q, const fa_tensor *k,
                         const fa_tensor *v, const fa_params *p, fa_tensor *out, fa_tensor *lse);
@@ -392,6 +468,13 @@ FA_API fa_status fa_fwd_workspace_size(fa_context *ctx, const fa_tensor *q, cons
  * with the same options p as the forward call. lse is required (fp32, as fa_fwd writes it).
  * No probability matrix is stored: the softmax is rebuilt from LSE tile by tile, with
  * D_i = sum_d dout_id * out_id precomputed per row.
+ * dq, dk, dv must not overlap the inputs; they may share one buffer (packed dqkv) without
+ * sharing elements (see the top of this file).
+ * Special values: as fa_fwd says, and a query row does not contribute to the dK, dV of keys it
+ * cannot see, nor a key to the dQ of rows that cannot see it (NaN or Inf in Q, dO, K or V
+ * included). A NaN reaching a row (its Q, dO, LSE, or a key it sees) makes that row's dQ NaN
+ * and reaches the dK, dV of every key the row sees. P = exp(score - LSE) is taken as at most 1
+ * even where the recomputed score exceeds LSE by a rounding.
  * Returns the statuses of fa_fwd.
  */
 FA_API fa_status fa_bwd(fa_context *ctx, const fa_tensor *q, const fa_tensor *k,
@@ -460,6 +543,8 @@ typedef struct fa_kvcache {
  * the cache into contiguous K/V and call fa_fwd to compare). out and lse must not overlap
  * q, the cache, k_new/v_new, seqlens or block_table; when appending, the cache must not
  * overlap q, k_new/v_new, seqlens or block_table either (FA_ERR_INVALID_ARGUMENT).
+ * Special values as for fa_fwd: cache rows a query row cannot see (past its causal diagonal
+ * or window, or past seqlens[b] + seqlen_new) do not contribute to it, NaN or Inf included.
  * Returns the statuses of fa_fwd; on error neither the outputs nor the cache are written.
  */
 FA_API fa_status fa_fwd_kvcache(fa_context *ctx, const fa_tensor *q, const fa_kvcache *cache,
@@ -479,12 +564,16 @@ FA_API fa_status fa_fwd_kvcache_workspace_size(fa_context *ctx, const fa_tensor 
  *   lse = log(sum_s exp(lse_s)),  out = sum_s exp(lse_s - lse) * out_s.
  * out_parts[s] are BSHD (or THD) like out, lse_parts[s] like lse (fp32, required); parts
  * whose lse is -INFINITY (they saw no key) carry no weight (their out is not read), and a row
- * no part saw gets out 0, lse -inf. out and lse (fp32, or NULL) are written; they must not
- * overlap any part (FA_ERR_INVALID_ARGUMENT). The parts share one dtype; out may have another
+ * no part saw gets out 0, lse -inf. A part's lse must otherwise be finite: +INFINITY or NaN
+ * is no log-sum-exp of attention; on the CPU every value is checked first
+ * (FA_ERR_INVALID_ARGUMENT naming the part and the row, nothing written); on CUDA the LSEs
+ * live in device memory and are not checked (such a row's result is unspecified). out and
+ * lse (fp32, or NULL) are written; they must not overlap any part, nor each other, nor alias
+ * themselves (FA_ERR_INVALID_ARGUMENT). The parts share one dtype; out may have another
  * (f32, f16 or bf16 each, e.g. fp32 parts merged into a bf16 out). n >= 1; head_dim <= 256.
  * Returns FA_OK or FA_ERR_NULL_POINTER, FA_ERR_INVALID_ARGUMENT, FA_ERR_SHAPE, FA_ERR_DTYPE,
  * FA_ERR_STRIDE, FA_ERR_HEAD_DIM, FA_ERR_OVERFLOW, FA_ERR_DEVICE, FA_ERR_UNSUPPORTED,
- * FA_ERR_OUT_OF_MEMORY, FA_ERR_CUDA.
+ * FA_ERR_OUT_OF_MEMORY, FA_ERR_CUDA, FA_ERR_BUSY.
  */
 FA_API fa_status fa_merge_attn(fa_context *ctx, int n, const fa_tensor *out_parts,
                                const fa_tensor *lse_parts, fa_tensor *out, fa_tensor *lse);

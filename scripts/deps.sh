@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the build needs when they are missing: the C test framework
-# (cmocka), the JSON writer of the `flashattn` tool (cJSON), pkg-config, cmake, python3-venv, and
-# python3-dev (Python.h, for the package's extension).
+# (cmocka), the JSON writer of the `flashattn` tool (cJSON), OpenBLAS (the matrix products of
+# `flashattn demo`'s naive side; without it the demo falls back to C loops), pkg-config, cmake,
+# python3-venv, and python3-dev (Python.h, for the package's extension).
 set -euo pipefail
 need=()
 pkg-config --version >/dev/null 2>&1 || need+=(pkg-config)
@@ -9,8 +10,9 @@ command -v cmake >/dev/null 2>&1 || need+=(cmake)
 if command -v pkg-config >/dev/null 2>&1; then
   pkg-config --exists cmocka || need+=(libcmocka-dev)
   pkg-config --exists libcjson || need+=(libcjson-dev)
+  pkg-config --exists openblas || need+=(libopenblas-dev)
 else
-  need+=(libcmocka-dev libcjson-dev)
+  need+=(libcmocka-dev libcjson-dev libopenblas-dev)
 fi
 # python3 -m venv (for the Python package's tests) needs ensurepip, a separate Debian package
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)

@@ -36,6 +36,7 @@ const char *fa_status_string(fa_status st) {
     case FA_ERR_WORKSPACE: return "workspace too small";
     case FA_ERR_CUDA: return "CUDA error";
     case FA_ERR_INTERNAL: return "internal error";
+    case FA_ERR_BUSY: return "context in use by another call";
     }
     return "unknown status";
 }
@@ -69,11 +70,13 @@ static fa_tensor contiguous(void *data, fa_dtype dt, fa_device dev, int ndim, co
     t.dtype = dt;
     t.device = dev;
     t.ndim = ndim;
+    /* a product past 2^63 saturates (no signed overflow): the call's validation then reports
+       FA_ERR_OVERFLOW for the view */
     int64_t s = 1;
     for (int i = ndim - 1; i >= 0; i--) {
         t.shape[i] = shape[i];
         t.stride[i] = s;
-        s *= shape[i];
+        if (__builtin_mul_overflow(s, shape[i], &s)) s = INT64_MAX;
     }
     return t;
 }
@@ -94,14 +97,6 @@ fa_tensor fa_tensor_2d(void *data, fa_dtype dt, fa_device dev, int64_t d0, int64
     return contiguous(data, dt, dev, 2, shape);
 }
 
-fa_params fa_params_default(void) {
-    fa_params p;
-    memset(&p, 0, sizeof p);
-    p.window_left = -1;
-    p.window_right = -1;
-    return p;
-}
-
 /* ---- errors ---- */
 
 /* Failures of fa_context_create have no context to hold their message. */
@@ -117,7 +112,38 @@ fa_status fa_fail(fa_context *ctx, fa_status st, const char *fmt, ...) {
     return st;
 }
 
-const char *fa_last_error(const fa_context *ctx) { return ctx ? ctx->err : g_create_err; }
+/* A call refused with FA_ERR_BUSY must not write the context another thread is using, so its
+   message is kept per thread, with the context it was about; this thread's next call that
+   enters that context forgets it. */
+static _Thread_local const fa_context *t_busy_ctx;
+static _Thread_local char t_busy_err[FA_ERRMSG_LEN];
+
+const char *fa_last_error(const fa_context *ctx) {
+    if (ctx && ctx == t_busy_ctx) return t_busy_err;
+    return ctx ? ctx->err : g_create_err;
+}
+
+/* A compare-and-swap rather than a lock: the flag detects two threads on one context (the
+   header's one-thread rule); waiting would hide the caller's bug and cost every call. */
+fa_status fa_ctx_enter(fa_context *ctx, const char *fn) {
+    int idle = 0;
+    if (!__atomic_compare_exchange_n(&ctx->in_use, &idle, 1, 0, __ATOMIC_ACQUIRE,
+                                     __ATOMIC_RELAXED)) {
+        t_busy_ctx = ctx;
+        snprintf(t_busy_err, sizeof t_busy_err,
+                 "%s: the context is in use by a call on another thread (or by a callback of "
+                 "its own call); a context serves one thread at a time: give each thread its "
+                 "own. Nothing was written.",
+                 fn);
+        if (ctx->log) fprintf(stderr, "flashattn: error: %s: %s\n", fa_status_string(FA_ERR_BUSY),
+                              t_busy_err);
+        return FA_ERR_BUSY;
+    }
+    if (t_busy_ctx == ctx) t_busy_ctx = NULL;
+    return FA_OK;
+}
+
+void fa_ctx_leave(fa_context *ctx) { __atomic_store_n(&ctx->in_use, 0, __ATOMIC_RELEASE); }
 
 /* ---- context ---- */
 
@@ -164,25 +190,33 @@ fa_status fa_context_create(fa_context **out, fa_backend backend) {
             return st;
         }
     }
+    if (t_busy_ctx == ctx) t_busy_ctx = NULL; /* a record about a freed context at this address */
     *out = ctx;
     return FA_OK;
 }
 
 void fa_context_destroy(fa_context *ctx) {
     if (!ctx) return;
+    if (t_busy_ctx == ctx) t_busy_ctx = NULL;
     if (ctx->own_ws) ctx->ops->ws_free(ctx->own_ws, ctx->own_ws_device);
     if (ctx->ops->ctx_free) ctx->ops->ctx_free(ctx);
     free(ctx);
 }
 
-#define NEED_CTX(fn)                                                                          \
+/* A setter's public door: ctx required, marked in use (fa_ctx_enter) around `expr`, which
+   may then write its message. */
+#define GUARDED(fn, expr)                                                                     \
     do {                                                                                      \
         if (!ctx) return fa_fail(NULL, FA_ERR_NULL_POINTER, fn ": ctx is NULL");              \
+        fa_status st_ = fa_ctx_enter(ctx, fn);                                                \
+        if (st_ != FA_OK) return st_;                                                         \
         ctx->err[0] = 0;                                                                      \
+        st_ = (expr);                                                                         \
+        fa_ctx_leave(ctx);                                                                    \
+        return st_;                                                                           \
     } while (0)
 
-fa_status fa_context_set_threads(fa_context *ctx, int threads) {
-    NEED_CTX("fa_context_set_threads");
+static fa_status ctx_set_threads(fa_context *ctx, int threads) {
     if (threads < 0)
         return fa_fail(ctx, FA_ERR_INVALID_ARGUMENT, "fa_context_set_threads: threads = %d < 0",
                        threads);
@@ -190,15 +224,21 @@ fa_status fa_context_set_threads(fa_context *ctx, int threads) {
     return FA_OK;
 }
 
-fa_status fa_context_set_stream(fa_context *ctx, void *stream) {
-    NEED_CTX("fa_context_set_stream");
+fa_status fa_context_set_threads(fa_context *ctx, int threads) {
+    GUARDED("fa_context_set_threads", ctx_set_threads(ctx, threads));
+}
+
+static fa_status ctx_set_stream(fa_context *ctx, void *stream) {
     ctx->stream = stream;
     ctx->ws_zero_bytes = 0; /* work on the old stream may still be using it */
     return FA_OK;
 }
 
-fa_status fa_context_set_algo(fa_context *ctx, fa_algo algo) {
-    NEED_CTX("fa_context_set_algo");
+fa_status fa_context_set_stream(fa_context *ctx, void *stream) {
+    GUARDED("fa_context_set_stream", ctx_set_stream(ctx, stream));
+}
+
+static fa_status ctx_set_algo(fa_context *ctx, fa_algo algo) {
     if (algo != FA_ALGO_AUTO && algo != FA_ALGO_NAIVE && algo != FA_ALGO_PLAIN)
         return fa_fail(ctx, FA_ERR_INVALID_ARGUMENT, "fa_context_set_algo: unknown algo %d",
                        (int)algo);
@@ -206,8 +246,11 @@ fa_status fa_context_set_algo(fa_context *ctx, fa_algo algo) {
     return FA_OK;
 }
 
-fa_status fa_context_set_device_checks(fa_context *ctx, int mode) {
-    NEED_CTX("fa_context_set_device_checks");
+fa_status fa_context_set_algo(fa_context *ctx, fa_algo algo) {
+    GUARDED("fa_context_set_algo", ctx_set_algo(ctx, algo));
+}
+
+static fa_status ctx_set_device_checks(fa_context *ctx, int mode) {
     if (mode != FA_DEVICE_CHECKS_ASYNC && mode != FA_DEVICE_CHECKS_SYNC)
         return fa_fail(ctx, FA_ERR_INVALID_ARGUMENT,
                        "fa_context_set_device_checks: mode = %d, must be FA_DEVICE_CHECKS_ASYNC "
@@ -217,13 +260,19 @@ fa_status fa_context_set_device_checks(fa_context *ctx, int mode) {
     return FA_OK;
 }
 
-fa_status fa_context_check(fa_context *ctx) {
-    NEED_CTX("fa_context_check");
+fa_status fa_context_set_device_checks(fa_context *ctx, int mode) {
+    GUARDED("fa_context_set_device_checks", ctx_set_device_checks(ctx, mode));
+}
+
+static fa_status ctx_check(fa_context *ctx) {
     return fa_take_device_error(ctx, "fa_context_check");
 }
 
-fa_status fa_context_set_device(fa_context *ctx, int device) {
-    NEED_CTX("fa_context_set_device");
+fa_status fa_context_check(fa_context *ctx) {
+    GUARDED("fa_context_check", ctx_check(ctx));
+}
+
+static fa_status ctx_set_device(fa_context *ctx, int device) {
     if (device < -1)
         return fa_fail(ctx, FA_ERR_INVALID_ARGUMENT,
                        "fa_context_set_device: device = %d, must be >= 0 (or -1: the caller's "
@@ -234,11 +283,14 @@ fa_status fa_context_set_device(fa_context *ctx, int device) {
     return st;
 }
 
+fa_status fa_context_set_device(fa_context *ctx, int device) {
+    GUARDED("fa_context_set_device", ctx_set_device(ctx, device));
+}
+
 /* The first version of fa_allocator ends with `user`; later ones may add fields after it. */
 #define FA_ALLOCATOR_V1_SIZE (offsetof(fa_allocator, user) + sizeof(void *))
 
-fa_status fa_context_set_allocator(fa_context *ctx, const fa_allocator *a) {
-    NEED_CTX("fa_context_set_allocator");
+static fa_status ctx_set_allocator(fa_context *ctx, const fa_allocator *a) {
     if (!a) {
         memset(&ctx->alloc, 0, sizeof ctx->alloc);
         return FA_OK;
@@ -256,14 +308,20 @@ fa_status fa_context_set_allocator(fa_context *ctx, const fa_allocator *a) {
     return FA_OK;
 }
 
-fa_status fa_context_set_strict(fa_context *ctx, int strict) {
-    NEED_CTX("fa_context_set_strict");
+fa_status fa_context_set_allocator(fa_context *ctx, const fa_allocator *a) {
+    GUARDED("fa_context_set_allocator", ctx_set_allocator(ctx, a));
+}
+
+static fa_status ctx_set_strict(fa_context *ctx, int strict) {
     ctx->strict = strict != 0;
     return FA_OK;
 }
 
-fa_status fa_context_set_workspace(fa_context *ctx, void *ptr, size_t bytes) {
-    NEED_CTX("fa_context_set_workspace");
+fa_status fa_context_set_strict(fa_context *ctx, int strict) {
+    GUARDED("fa_context_set_strict", ctx_set_strict(ctx, strict));
+}
+
+static fa_status ctx_set_workspace(fa_context *ctx, void *ptr, size_t bytes) {
     if (!ptr && bytes)
         return fa_fail(ctx, FA_ERR_NULL_POINTER,
                        "fa_context_set_workspace: ptr is NULL but bytes = %zu", bytes);
@@ -272,7 +330,12 @@ fa_status fa_context_set_workspace(fa_context *ctx, void *ptr, size_t bytes) {
     return FA_OK;
 }
 
+fa_status fa_context_set_workspace(fa_context *ctx, void *ptr, size_t bytes) {
+    GUARDED("fa_context_set_workspace", ctx_set_workspace(ctx, ptr, bytes));
+}
+
 const fa_selection *fa_last_selection(const fa_context *ctx) {
+    if (ctx && ctx == t_busy_ctx) return NULL; /* this thread's last call was refused */
     return ctx && ctx->has_selection ? &ctx->sel : NULL;
 }
 

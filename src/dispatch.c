@@ -124,12 +124,119 @@ fa_status fa_check_devices(fa_call *c, const fa_arg *a, int n) {
     return FA_OK;
 }
 
+/* The dimensions of t of size > 1 in increasing order of stride; returns how many. */
+static int dims_by_stride(const fa_tensor *t, int *dim) {
+    int m = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] < 2) continue;
+        int j = m++;
+        for (; j > 0 && t->stride[dim[j - 1]] > t->stride[i]; j--) dim[j] = dim[j - 1];
+        dim[j] = i;
+    }
+    return m;
+}
+
+/* Whether two elements of t share an address: taken in increasing order of stride, each
+   dimension must step past the last element of the ones before it. A sufficient rule (a few
+   interleaved layouts without shared addresses fail it too), exact for every layout that
+   views one dense buffer, and linear in the rank. Returns the offending dimension or -1. */
+static int self_alias_dim(const fa_tensor *t) {
+    int dim[4];
+    const int m = dims_by_stride(t, dim);
+    int64_t span = 0; /* offset of the last element of the dimensions so far (fits: checked) */
+    for (int k = 0; k < m; k++) {
+        if (t->stride[dim[k]] <= span) return dim[k];
+        span += (t->shape[dim[k]] - 1) * t->stride[dim[k]];
+    }
+    return -1;
+}
+
+__extension__ typedef __int128 fa_i128;
+
+static fa_i128 floor_div(fa_i128 a, fa_i128 b) { /* b > 0 */
+    fa_i128 q = a / b;
+    return q * b > a ? q - 1 : q;
+}
+
+/* Whether r = sum_k x_k * s[k] has a solution with lo[k] <= x_k <= hi[k], dimensions k..m-1
+   (decreasing stride) left; lower[k] and upper[k] bound what dimensions k.. can still add. An
+   exact search: the bounds leave at most a few digits per dimension for non-aliasing
+   layouts. */
+static int reachable(fa_i128 r, int k, int m, const int64_t *s, const int64_t *lo,
+                     const int64_t *hi, const fa_i128 *lower, const fa_i128 *upper) {
+    if (k >= m || k >= 4) return r == 0; /* m <= 4: the rank */
+    fa_i128 from = -floor_div(-(r - upper[k + 1]), s[k]), to = floor_div(r - lower[k + 1], s[k]);
+    if (from < lo[k]) from = lo[k];
+    if (to > hi[k]) to = hi[k];
+    for (fa_i128 x = from; x <= to; x++)
+        if (reachable(r - x * s[k], k + 1, m, s, lo, hi, lower, upper)) return 1;
+    return 0;
+}
+
+/* Whether outputs a and b (each free of self-aliasing, byte spans overlapping) share an
+   element. Decided exactly when their strides agree on every dimension that either of them
+   has of size > 1 (views of one packed buffer: dq, dk, dv of a dqkv, K and V rows of an
+   interleaved cache); otherwise their overlap is allowed as it stands (returns 0). */
+static int share_element(const fa_tensor *a, const fa_tensor *b) {
+    if (a->ndim != b->ndim || a->dtype != b->dtype) return 0;
+    const int64_t es = (int64_t)fa_dtype_size(a->dtype);
+    const fa_i128 bytes = (fa_i128)(uintptr_t)b->data - (fa_i128)(uintptr_t)a->data;
+    if (bytes % es) return 1; /* overlapping spans, elements not aligned to each other */
+    /* element (ia) of a meets element (ib) of b iff sum_k (ia_k - ib_k) s_k = r */
+    int64_t s[4], lo[4], hi[4];
+    int m = 0;
+    for (int i = 0; i < a->ndim; i++) {
+        const int64_t na = a->shape[i], nb = b->shape[i];
+        if (na < 2 && nb < 2) continue;
+        if (na > 1 && nb > 1 && a->stride[i] != b->stride[i]) return 0;
+        s[m] = na > 1 ? a->stride[i] : b->stride[i];
+        lo[m] = -(nb - 1);
+        hi[m] = na - 1;
+        for (int j = m++; j > 0 && s[j - 1] < s[j]; j--) { /* decreasing stride */
+            int64_t t;
+            t = s[j], s[j] = s[j - 1], s[j - 1] = t;
+            t = lo[j], lo[j] = lo[j - 1], lo[j - 1] = t;
+            t = hi[j], hi[j] = hi[j - 1], hi[j - 1] = t;
+        }
+    }
+    fa_i128 lower[5] = {0}, upper[5] = {0};
+    for (int k = m - 1; k >= 0; k--) {
+        lower[k] = lower[k + 1] + (fa_i128)lo[k] * s[k];
+        upper[k] = upper[k + 1] + (fa_i128)hi[k] * s[k];
+    }
+    return reachable(bytes / es, 0, m, s, lo, hi, lower, upper);
+}
+
 fa_status fa_check_overlaps(fa_call *c, const fa_arg *a, int n) {
+    for (int i = 0; i < n; i++) {
+        if (!a[i].out || !a[i].t) continue;
+        const int d = self_alias_dim(a[i].t);
+        if (d >= 0)
+            return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT,
+                           "%s: output %s has elements that share an address: dimension %d "
+                           "(stride %lld) steps inside the span of its smaller-stride dimensions "
+                           "(each stride, in increasing order, must exceed the offset of the last "
+                           "element of the dimensions below it)",
+                           c->fn, a[i].name, d, (long long)a[i].t->stride[d]);
+    }
     for (int i = 0; i < n; i++)
-        for (int j = 0; j < n && a[i].out; j++)
-            if (a[j].out != a[i].out && fa_spans_overlap(a[i].sp, a[j].sp))
+        for (int j = 0; j < n && a[i].out; j++) {
+            if (j == i || !fa_spans_overlap(a[i].sp, a[j].sp)) continue;
+            if (a[j].out != a[i].out)
                 return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT, "%s: output %s overlaps %s %s",
                                c->fn, a[i].name, a[j].out ? "output" : "input", a[j].name);
+            /* one write group: outputs may share a buffer, not an element; lse shares nothing */
+            if (j > i && (a[i].is_lse || a[j].is_lse))
+                return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT,
+                               "%s: output %s overlaps output %s (an lse shares no memory with "
+                               "another output)",
+                               c->fn, a[i].name, a[j].name);
+            if (j > i && a[i].t && a[j].t && share_element(a[i].t, a[j].t))
+                return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT,
+                               "%s: outputs %s and %s share elements (outputs may share a buffer, "
+                               "as packed dq/dk/dv do, but each element has one writer)",
+                               c->fn, a[i].name, a[j].name);
+        }
     return FA_OK;
 }
 
@@ -180,9 +287,10 @@ fa_operand fa_operand_of(const fa_tensor *t, int varlen) {
 
 fa_status fa_check_options(fa_call *c, fa_problem *pr) {
     const fa_params *p = c->p;
-    if (!(p->softmax_scale >= 0) || isinf(p->softmax_scale))
+    if (!(p->softmax_scale >= 0 && p->softmax_scale <= FA_MAX_SOFTMAX_SCALE))
         return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT,
-                       "%s: softmax_scale = %g, must be finite and >= 0 (0: 1/sqrt(head_dim))",
+                       "%s: softmax_scale = %g, must be finite, >= 0 and <= FA_MAX_SOFTMAX_SCALE "
+                       "= 2^126 (0: 1/sqrt(head_dim))",
                        c->fn, (double)p->softmax_scale);
     if (!(p->softcap >= 0) || isinf(p->softcap))
         return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT,
@@ -199,10 +307,30 @@ fa_status fa_check_options(fa_call *c, fa_problem *pr) {
         return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT,
                        "%s: alibi_batch_stride = %lld is shorter than a row of %lld slopes", c->fn,
                        (long long)p->alibi_batch_stride, (long long)pr->heads_q);
+    /* host slopes (the CPU backend's): every one the call reads; device slopes are not read */
+    if (p->alibi_slopes && c->ctx->ops == &fa_cpu_backend) {
+        const int64_t rows = p->alibi_batch_stride ? pr->batch : 1;
+        for (int64_t b = 0; b < rows; b++)
+            for (int64_t h = 0; h < pr->heads_q; h++) {
+                const int64_t i = b * p->alibi_batch_stride + h;
+                const float s = p->alibi_slopes[i];
+                if (!(fabsf(s) <= FA_MAX_ALIBI_SLOPE))
+                    return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT,
+                                   "%s: alibi_slopes[%lld] = %g (batch %lld, head %lld): a slope "
+                                   "must be finite with |slope| <= FA_MAX_ALIBI_SLOPE = 2^64",
+                                   c->fn, (long long)i, (double)s, (long long)b, (long long)h);
+            }
+    }
     pr->scale = p->softmax_scale > 0 ? p->softmax_scale : (float)(1.0 / sqrt((double)pr->d));
     pr->softcap = p->softcap;
-    pr->win_left = p->window_left;
-    pr->win_right = p->causal ? 0 : p->window_right;
+    /* The windows' one normalisation (rows.h): causal is a right window of 0, and a side no
+       row can reach is unbounded (-1), bounded by what every sequence's length is known to be
+       at most (a varlen call on the GPU may leave its maxima 0: then the token counts). Every
+       kernel takes the result as it is. */
+    const int64_t len_q = pr->seqlen_q > 0 ? pr->seqlen_q : pr->total_q;
+    const int64_t len_k = pr->seqlen_k > 0 ? pr->seqlen_k : pr->total_k;
+    pr->win_left = fa_window_norm(p->window_left, len_k);
+    pr->win_right = fa_window_norm(p->causal ? 0 : p->window_right, len_q);
     /* a causal call with window_right > 0 asks for two different things */
     if (p->causal && p->window_right > 0)
         return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT,
@@ -220,6 +348,8 @@ static fa_status validate(fa_call *c, fa_problem *pr) {
     fa_context *ctx = c->ctx;
     const fa_params *p = c->p;
     memset(pr, 0, sizeof *pr);
+    if (c->bwd && !c->query_only && !c->lse)
+        return fa_fail(ctx, FA_ERR_NULL_POINTER, "%s: lse is NULL (required)", c->fn);
     int varlen = p->cu_seqlens_q || p->cu_seqlens_k;
     int nd = varlen ? 3 : 4;
     if (varlen && !(p->cu_seqlens_q && p->cu_seqlens_k))
@@ -428,15 +558,59 @@ static void log_selection(const fa_context *ctx) {
             s->workspace_bytes, s->reason[0] ? " refused: " : "", s->reason);
 }
 
-fa_status fa_call_begin(fa_call *c, fa_params *defaults) {
+/* sizeof(fa_params) at each version this library reads, index version - 1. A new version
+   appends fields and its entry here; the older entries keep the sizes they had. */
+static const size_t params_size[] = {sizeof(fa_params)};
+_Static_assert(sizeof params_size / sizeof *params_size == FA_PARAMS_VERSION,
+               "one size per fa_params version");
+
+/* The caller's options as a whole struct of this library's version: its first struct_size
+   bytes, the rest at their defaults. struct_size and version lead every version, so reading
+   them is in bounds whatever the caller's header; nothing past struct_size is read. */
+static fa_status take_params(fa_call *c, fa_params *own) {
+    *own = fa_params_default();
+    const fa_params *p = c->p;
+    c->p = own;
+    if (!p) return FA_OK;
+    if (p->version == 0)
+        return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT,
+                       "%s: p->version = 0 (struct_size %u): fa_params must come from "
+                       "fa_params_default(), which sets its version and size",
+                       c->fn, p->struct_size);
+    if (p->version > FA_PARAMS_VERSION)
+        return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT,
+                       "%s: p->version = %u, but this library (%s) knows fa_params versions "
+                       "1..%d: the caller was built with a newer flashattn.h than the library "
+                       "it runs with (or p did not come from fa_params_default())",
+                       c->fn, p->version, fa_version(), FA_PARAMS_VERSION);
+    const size_t size = params_size[p->version - 1];
+    if (p->struct_size != size)
+        return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT,
+                       "%s: p->struct_size = %u, but fa_params version %u is %zu bytes: "
+                       "start from fa_params_default()",
+                       c->fn, p->struct_size, p->version, size);
+    memcpy(own, p, size);
+    own->struct_size = (uint32_t)sizeof *own;
+    own->version = FA_PARAMS_VERSION;
+    return FA_OK;
+}
+
+fa_status fa_call_begin(fa_call *c, fa_params *own) {
     fa_context *ctx = c->ctx;
     if (!ctx) return fa_fail(NULL, FA_ERR_NULL_POINTER, "%s: ctx is NULL", c->fn);
+    FA_TRY(fa_ctx_enter(ctx, c->fn));
     ctx->err[0] = 0;
     ctx->has_selection = 0;
-    *defaults = fa_params_default();
-    if (!c->p) c->p = defaults;
+    fa_status st = take_params(c, own);
     /* a bad index that kernels of an earlier call met fails the next call that would run */
-    return c->query_only ? FA_OK : fa_take_device_error(ctx, c->fn);
+    if (st == FA_OK && !c->query_only) st = fa_take_device_error(ctx, c->fn);
+    if (st != FA_OK) fa_ctx_leave(ctx);
+    return st;
+}
+
+fa_status fa_call_end(fa_call *c, fa_status st) {
+    fa_ctx_leave(c->ctx);
+    return st;
 }
 
 /* fa_call_finish on the call's device. */
@@ -485,13 +659,17 @@ void fa_call_done(fa_context *ctx) {
 }
 
 static fa_status run(fa_call *c, size_t *query_bytes) {
-    fa_params defaults;
-    FA_TRY(fa_call_begin(c, &defaults));
+    fa_params params;
+    FA_TRY(fa_call_begin(c, &params));
     fa_problem pr;
-    FA_TRY(validate(c, &pr));
+    fa_status st = c->query_only && !query_bytes
+                       ? fa_fail(c->ctx, FA_ERR_NULL_POINTER, "%s: bytes is NULL", c->fn)
+                       : validate(c, &pr);
     const fa_backend_ops *ops = c->ctx->ops;
-    return fa_call_finish(c, &pr, c->bwd ? ops->bwd_workspace : ops->fwd_workspace,
-                          c->bwd ? ops->bwd : ops->fwd, query_bytes);
+    if (st == FA_OK)
+        st = fa_call_finish(c, &pr, c->bwd ? ops->bwd_workspace : ops->fwd_workspace,
+                            c->bwd ? ops->bwd : ops->fwd, query_bytes);
+    return fa_call_end(c, st);
 }
 
 fa_status fa_fwd(fa_context *ctx, const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
@@ -503,7 +681,6 @@ fa_status fa_fwd(fa_context *ctx, const fa_tensor *q, const fa_tensor *k, const 
 fa_status fa_bwd(fa_context *ctx, const fa_tensor *q, const fa_tensor *k, const fa_tensor *v,
                  const fa_tensor *out, const fa_tensor *dout, const fa_tensor *lse,
                  const fa_params *p, fa_tensor *dq, fa_tensor *dk, fa_tensor *dv) {
-    if (ctx && !lse) return fa_fail(ctx, FA_ERR_NULL_POINTER, "fa_bwd: lse is NULL (required)");
     fa_call c = {ctx, "fa_bwd", q, k, v, out, lse, dout, dq, dk, dv, p, 1, 0};
     return run(&c, NULL);
 }
@@ -512,14 +689,12 @@ fa_status fa_bwd(fa_context *ctx, const fa_tensor *q, const fa_tensor *k, const 
    the inputs of the same shape (only shapes are read). */
 fa_status fa_fwd_workspace_size(fa_context *ctx, const fa_tensor *q, const fa_tensor *k,
                                 const fa_tensor *v, const fa_params *p, size_t *bytes) {
-    if (!bytes) return fa_fail(ctx, FA_ERR_NULL_POINTER, "fa_fwd_workspace_size: bytes is NULL");
     fa_call c = {ctx, "fa_fwd_workspace_size", q, k, v, q, NULL, NULL, NULL, NULL, NULL, p, 0, 1};
     return run(&c, bytes);
 }
 
 fa_status fa_bwd_workspace_size(fa_context *ctx, const fa_tensor *q, const fa_tensor *k,
                                 const fa_tensor *v, const fa_params *p, size_t *bytes) {
-    if (!bytes) return fa_fail(ctx, FA_ERR_NULL_POINTER, "fa_bwd_workspace_size: bytes is NULL");
     fa_call c = {ctx, "fa_bwd_workspace_size", q, k, v, q, NULL, q, q, k, v, p, 1, 1};
     return run(&c, bytes);
 }

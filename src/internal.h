@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "flashattn.h"
+#include "rows.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -43,7 +44,8 @@ typedef struct fa_problem {
     int64_t lse_sb, lse_sh, lse_st;
 
     float scale;              /* resolved: never 0 */
-    int64_t win_left, win_right; /* resolved: causal folded in; -1 unbounded */
+    int64_t win_left, win_right; /* normalised (fa_check_options, rows.h): causal folded in;
+                                    -1 unbounded, else below the longest sequence */
     float softcap;            /* 0: off */
     const float *alibi;       /* NULL: off; slope(b, h) = alibi[b*alibi_sb + h] */
     int64_t alibi_sb;
@@ -116,16 +118,16 @@ static inline void fa_seq_bounds(const fa_problem *p, int64_t b, int64_t *q0, in
     }
 }
 
-/* Every mask of the library leaves each query row a contiguous run of keys [*lo, *hi) — the
-   row's diagonal is c = i + sk - sq (bottom-right alignment). Empty when *lo >= *hi. */
+#ifndef __CUDACC__
+/* The key run [*lo, *hi) of query row i of a sequence of sq queries and sk keys: rows.h's rule
+   (the one every kernel uses) in the CPU kernels' 64-bit form. Empty when *lo >= *hi. */
 static inline void fa_row_keys(const fa_problem *p, int64_t i, int64_t sq, int64_t sk, int64_t *lo,
                                int64_t *hi) {
-    int64_t c = i + sk - sq;
-    int64_t l = p->win_left < 0 ? 0 : c - p->win_left;
-    int64_t h = p->win_right < 0 ? sk : c + p->win_right + 1;
-    *lo = l < 0 ? 0 : l;
-    *hi = h > sk ? sk : h;
+    const fa_rows r = fa_rows_of(sq, sk, p->win_left, p->win_right);
+    *lo = fa_rows_lo(r, i);
+    *hi = fa_rows_hi(r, i);
 }
+#endif
 
 static inline float fa_alibi_slope(const fa_problem *p, int64_t b, int64_t h) {
     return p->alibi ? p->alibi[b * p->alibi_sb + h] : 0.0f;
@@ -283,8 +285,8 @@ struct fa_context {
                            it unseen: no bytes of it are known zero from then on */
     /* Bytes [ws_zero_off, + ws_zero_bytes) of own_ws that the last call left zero (the CUDA
        decode's split counters and the Hopper forward's tile counter, which their kernels set
-       back to zero), so that the next call need not clear them (a memset: ~1 us of GPU and
-       ~6 us of host time per call). Valid for the next call only, and only for the context's
+       back to zero), so that the next call need not clear them (a memset launch per call:
+       decode_sm80.md, v10). Valid for the next call only, and only for the context's
        own memory that no graph uses: fa_call_finish. */
     size_t ws_zero_off, ws_zero_bytes;
     int ws_zero_set;  /* the running call renewed the range */
@@ -293,10 +295,26 @@ struct fa_context {
        use (errw_dev); both NULL where the backend has none (CPU). */
     fa_bad_index *errw;
     void *errw_dev;
+    /* CUDA: whether the Hopper forward and backward may run (FLASHATTN_CUDA_SM90=0 and
+       FLASHATTN_CUDA_SM90_BWD=0 turn them off), read once when the context is created */
+    int sm90_fwd, sm90_bwd;
+    /* CPU: whether the amx level takes fp32 (FLASHATTN_CPU_F32_AMX=0: no) and the backward's
+       schedule (FLASHATTN_CPU_BWD_SCHEDULE: 0 the choice, 1 one-pass, 2 two-pass), read once
+       when the context is created */
+    int cpu_f32_amx, cpu_bwd_schedule;
     int has_selection;
     fa_selection sel;
     char err[FA_ERRMSG_LEN];
+    /* 1 while a call runs on the context (fa_ctx_enter/leave): a second call meanwhile is
+       refused with FA_ERR_BUSY before it touches anything. Accessed only atomically. */
+    int in_use;
 };
+
+/* Marks ctx in use for the call fn; FA_ERR_BUSY (ctx untouched: the message goes to this
+   thread's record, which fa_last_error(ctx) reads) when another call holds it. Every public
+   function that reads or writes a context's state brackets its work with these two. */
+fa_status fa_ctx_enter(fa_context *ctx, const char *fn);
+void fa_ctx_leave(fa_context *ctx);
 
 /* Returns, and clears, the bad index recorded in ctx's error word as FA_ERR_VARLEN with a
    message for fn; FA_OK when none is recorded. Reads host memory only: no device work. */

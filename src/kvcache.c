@@ -248,16 +248,19 @@ static fa_status validate_kv(fa_call *c, const fa_kvcache *cache, const fa_tenso
 
 static fa_status run_kv(fa_call *c, const fa_kvcache *cache, const fa_tensor *k_new,
                         const fa_tensor *v_new, int num_splits, size_t *query_bytes) {
-    fa_params defaults;
-    FA_TRY(fa_call_begin(c, &defaults));
+    fa_params params;
+    FA_TRY(fa_call_begin(c, &params));
     fa_problem pr;
-    FA_TRY(validate_kv(c, cache, k_new, v_new, num_splits, &pr));
+    fa_status st = c->query_only && !query_bytes
+                       ? fa_fail(c->ctx, FA_ERR_NULL_POINTER, "%s: bytes is NULL", c->fn)
+                       : validate_kv(c, cache, k_new, v_new, num_splits, &pr);
     const fa_backend_ops *ops = c->ctx->ops;
-    if (!ops->fwd_kvcache || !ops->fwd_kvcache_workspace)
-        return fa_fail(c->ctx, FA_ERR_UNSUPPORTED,
-                       "%s: the %s backend has no KV-cache kernel in this build", c->fn,
-                       ops->name);
-    return fa_call_finish(c, &pr, ops->fwd_kvcache_workspace, ops->fwd_kvcache, query_bytes);
+    if (st == FA_OK && (!ops->fwd_kvcache || !ops->fwd_kvcache_workspace))
+        st = fa_fail(c->ctx, FA_ERR_UNSUPPORTED,
+                     "%s: the %s backend has no KV-cache kernel in this build", c->fn, ops->name);
+    if (st == FA_OK)
+        st = fa_call_finish(c, &pr, ops->fwd_kvcache_workspace, ops->fwd_kvcache, query_bytes);
+    return fa_call_end(c, st);
 }
 
 fa_status fa_fwd_kvcache(fa_context *ctx, const fa_tensor *q, const fa_kvcache *cache,
@@ -272,8 +275,6 @@ fa_status fa_fwd_kvcache_workspace_size(fa_context *ctx, const fa_tensor *q,
                                         const fa_kvcache *cache, const fa_tensor *k_new,
                                         const fa_tensor *v_new, const fa_params *p,
                                         int num_splits, size_t *bytes) {
-    if (!bytes)
-        return fa_fail(ctx, FA_ERR_NULL_POINTER, "fa_fwd_kvcache_workspace_size: bytes is NULL");
     fa_call c = {ctx,  "fa_fwd_kvcache_workspace_size", q, NULL, NULL, q, NULL, NULL, NULL, NULL,
                  NULL, p, 0, 1};
     return run_kv(&c, cache, k_new, v_new, num_splits, bytes);
@@ -310,6 +311,34 @@ static int merge_args(int n, const fa_tensor *out_parts, const fa_tensor *lse_pa
     return k;
 }
 
+/* Host part LSEs: each value finite or -inf (the part saw no key there). +inf or NaN is no
+   log-sum-exp of attention, and would make the merged row NaN. */
+static fa_status check_part_lses(fa_call *c, int n, const fa_tensor *lse_parts, int thd) {
+    for (int s = 0; s < n; s++) {
+        const fa_tensor *l = &lse_parts[s];
+        const float *x = l->data;
+        const int64_t nb = thd ? 1 : l->shape[0], nh = l->shape[thd ? 0 : 1],
+                      nt = l->shape[thd ? 1 : 2], sb = thd ? 0 : l->stride[0],
+                      sh = l->stride[thd ? 0 : 1], st = l->stride[thd ? 1 : 2];
+        for (int64_t b = 0; b < nb; b++)
+            for (int64_t h = 0; h < nh; h++)
+                for (int64_t t = 0; t < nt; t++) {
+                    const float v = x[b * sb + h * sh + t * st];
+                    if (!isnan(v) && v != INFINITY) continue;
+                    char at[96];
+                    if (thd) snprintf(at, sizeof at, "[head %lld, token %lld]", (long long)h,
+                                      (long long)t);
+                    else snprintf(at, sizeof at, "[batch %lld, head %lld, row %lld]",
+                                  (long long)b, (long long)h, (long long)t);
+                    return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT,
+                                   "%s: lse_parts[%d]%s = %g: a part's lse must be finite, or "
+                                   "-inf where the part saw no key",
+                                   c->fn, s, at, (double)v);
+                }
+    }
+    return FA_OK;
+}
+
 static fa_status validate_merge(fa_call *c, int n, const fa_tensor *out_parts,
                                 const fa_tensor *lse_parts, const fa_tensor *out,
                                 const fa_tensor *lse, fa_arg *a, char *names,
@@ -338,6 +367,7 @@ static fa_status validate_merge(fa_call *c, int n, const fa_tensor *out_parts,
         return fa_fail(ctx, FA_ERR_HEAD_DIM, "%s: head_dim = %lld, the %s backend takes 1..%d",
                        c->fn, (long long)out->shape[nd - 1], ctx->ops->name, FA_MAX_HEAD_DIM);
     FA_TRY(fa_check_overlaps(c, a, na));
+    if (ctx->ops == &fa_cpu_backend) FA_TRY(check_part_lses(c, n, lse_parts, nd == 3));
 
     int thd = nd == 3;
     memset(m, 0, sizeof *m);
@@ -376,12 +406,10 @@ static fa_status merge_on_device(fa_context *ctx, const fa_merge_problem *m) {
     return st;
 }
 
-fa_status fa_merge_attn(fa_context *ctx, int n, const fa_tensor *out_parts,
-                        const fa_tensor *lse_parts, fa_tensor *out, fa_tensor *lse) {
-    fa_call c = {ctx, "fa_merge_attn", NULL, NULL, NULL, out, lse, NULL, NULL, NULL, NULL, NULL,
-                 0, 0};
-    fa_params defaults;
-    FA_TRY(fa_call_begin(&c, &defaults));
+/* fa_merge_attn with the context held. */
+static fa_status merge(fa_call *c, int n, const fa_tensor *out_parts, const fa_tensor *lse_parts,
+                       fa_tensor *out, fa_tensor *lse) {
+    fa_context *ctx = c->ctx;
     if (n < 1)
         return fa_fail(ctx, FA_ERR_INVALID_ARGUMENT, "fa_merge_attn: n = %d, must be >= 1", n);
     if (!out_parts || !lse_parts)
@@ -400,7 +428,7 @@ fa_status fa_merge_attn(fa_context *ctx, int n, const fa_tensor *out_parts,
     if (!a || !names || !parts)
         st = fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "fa_merge_attn: out of memory for %d parts", n);
     else
-        st = validate_merge(&c, n, out_parts, lse_parts, out, lse, a, names, &m, parts);
+        st = validate_merge(c, n, out_parts, lse_parts, out, lse, a, names, &m, parts);
     if (st == FA_OK && !ctx->ops->merge)
         st = fa_fail(ctx, FA_ERR_UNSUPPORTED,
                      "fa_merge_attn: the %s backend has no merge kernel in this build",
@@ -411,4 +439,13 @@ fa_status fa_merge_attn(fa_context *ctx, int n, const fa_tensor *out_parts,
     free(names);
     free(parts);
     return st;
+}
+
+fa_status fa_merge_attn(fa_context *ctx, int n, const fa_tensor *out_parts,
+                        const fa_tensor *lse_parts, fa_tensor *out, fa_tensor *lse) {
+    fa_call c = {ctx, "fa_merge_attn", NULL, NULL, NULL, out, lse, NULL, NULL, NULL, NULL, NULL,
+                 0, 0};
+    fa_params params;
+    FA_TRY(fa_call_begin(&c, &params));
+    return fa_call_end(&c, merge(&c, n, out_parts, lse_parts, out, lse));
 }

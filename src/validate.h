@@ -59,18 +59,23 @@ fa_status fa_check_devices(fa_call *c, const fa_arg *a, int n);
 fa_status fa_check_overlaps(fa_call *c, const fa_arg *a, int n);
 fa_status fa_check_same_shape(fa_call *c, const char *an, const fa_tensor *a, const char *bn,
                               const fa_tensor *b);
-/* Scalar options of c->p (pr->d must be set): scale, softcap, window, ALiBi stride against
-   heads_q; resolves them into pr. */
+/* Scalar options of c->p (pr->d, the lengths and token counts must be set): scale, softcap,
+   window, ALiBi stride against heads_q; resolves them into pr, the windows normalised. */
 fa_status fa_check_options(fa_call *c, fa_problem *pr);
 /* A validated BSHD (varlen 0) or THD (varlen 1) tensor as a kernel operand. */
 fa_operand fa_operand_of(const fa_tensor *t, int varlen);
 
 /* ---- the steps of every entry point around its own validation ---- */
 
-/* Needs c->ctx (FA_ERR_NULL_POINTER), clears its message and selection record, and points a
-   NULL c->p at *defaults. A call that runs (not a workspace query) fails here with the bad
-   index kernels of an earlier call recorded in the context's error word (FA_ERR_VARLEN). */
-fa_status fa_call_begin(fa_call *c, fa_params *defaults);
+/* Needs c->ctx (FA_ERR_NULL_POINTER) and marks it in use (FA_ERR_BUSY: another call holds
+   it), clears its message and selection record, checks the caller's fa_params version and size
+   (FA_ERR_INVALID_ARGUMENT) and points c->p at *own: the caller's options (the defaults for
+   NULL) as a struct of this library's version. A call that runs (not a workspace query) then
+   fails with the bad index kernels of an earlier call recorded in the context's error word
+   (FA_ERR_VARLEN). When it returns FA_OK the context is held until fa_call_end. */
+fa_status fa_call_begin(fa_call *c, fa_params *own);
+/* Releases the context fa_call_begin marked; returns st. */
+fa_status fa_call_end(fa_call *c, fa_status st);
 
 typedef fa_status (*fa_ws_entry)(fa_context *ctx, const fa_problem *p, size_t *bytes);
 typedef fa_status (*fa_run_entry)(fa_context *ctx, const fa_problem *p, void *ws,

@@ -4,7 +4,7 @@
  * It builds attention problems from a small case description, fills them with fresh random
  * data, poisons the outputs, runs the kernel under test, the float64 reference (FA_ALGO_NAIVE
  * on f64 copies) and the precision-P baseline (FA_ALGO_PLAIN), and applies the correctness rule
- * of DESIGN.md to O, LSE and (optionally) dQ, dK, dV. Only the public API is used.
+ * of docs/architecture.md to O, LSE and (optionally) dQ, dK, dV. Only the public API is used.
  */
 #ifndef FLASHATTN_TESTKIT_H
 #define FLASHATTN_TESTKIT_H

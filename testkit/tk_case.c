@@ -1,5 +1,5 @@
 /*
- * tk_case.c — runs one attention case under the correctness rule of DESIGN.md.
+ * tk_case.c — runs one attention case under the correctness rule (docs/architecture.md).
  *
  * Three runs share the same random inputs, rounded to the case's precision P:
  *   reference  FA_ALGO_NAIVE on f64 copies (exact inputs, fp64 arithmetic: the truth);

@@ -214,6 +214,11 @@ MUT(softcap_negative, a->prm.softcap = -1.0f)
 MUT(window_below, a->prm.window_left = -2)
 MUT(causal_window_right, a->prm.causal = 1; a->prm.window_right = 3)
 MUT(alibi_stride_short, a->prm.alibi_slopes = a->slopes; a->prm.alibi_batch_stride = HQ - 1)
+MUT(scale_huge, a->prm.softmax_scale = 3e38f)
+MUT(alibi_nan, a->prm.alibi_slopes = a->slopes; a->slopes[2] = NAN)
+MUT(lse_overlaps_out, a->lse.data = (float *)region(R_O) + 7)
+MUT(out_rows_alias, a->o.stride[1] = D)
+MUT(cache_k_heads_alias, a->cache.k.stride[2] = D - 2) /* written: k_new is appended */
 MUT(algo_naive, fa_context_set_algo(a->ctx, FA_ALGO_NAIVE))
 MUT(algo_plain, fa_context_set_algo(a->ctx, FA_ALGO_PLAIN))
 /* merge */
@@ -233,6 +238,17 @@ MUT(merge_lse_overlaps_lpart, a->lse.data = region(R_L0))
 MUT(merge_part_on_cuda, a->parts[0].device = FA_DEVICE_CUDA)
 MUT(merge_head_dim_300, each(a, with_d, 300))
 MUT(merge_part_last_stride, a->parts[0].stride[3] = 2)
+/* a part LSE of finite values but one: kept outside the arena, which later cases reuse */
+static float lse_bad[B * HQ * SQ];
+static void lpart_with(kargs *a, float x) {
+    for (int i = 0; i < B * HQ * SQ; i++) lse_bad[i] = -0.5f * (float)i;
+    lse_bad[B * HQ * SQ - 2] = x;
+    a->lparts[1].data = lse_bad;
+}
+MUT(merge_lpart_nan, lpart_with(a, NAN))
+MUT(merge_lpart_inf, lpart_with(a, INFINITY))
+MUT(merge_lse_overlaps_out, a->lse.data = (float *)region(R_O) + 1)
+MUT(merge_out_heads_alias, a->o.stride[2] = D / 2)
 #undef MUT
 
 #define KV(nm, fn, st) {nm, fn, st, OP_KV, 0}
@@ -302,6 +318,11 @@ static const bad bads[] = {
     KV("kv: window_left -2", window_below, FA_ERR_INVALID_ARGUMENT),
     KV("kv: causal with window_right 3", causal_window_right, FA_ERR_INVALID_ARGUMENT),
     KV("kv: alibi_batch_stride < heads_q", alibi_stride_short, FA_ERR_INVALID_ARGUMENT),
+    KV("kv: scale 3e38", scale_huge, FA_ERR_INVALID_ARGUMENT),
+    KV("kv: alibi slope NaN", alibi_nan, FA_ERR_INVALID_ARGUMENT),
+    CALL("kv: lse overlaps out", lse_overlaps_out, FA_ERR_INVALID_ARGUMENT),
+    CALL("kv: out seq stride = head stride", out_rows_alias, FA_ERR_INVALID_ARGUMENT),
+    CALL("kv: appended cache->k aliases itself", cache_k_heads_alias, FA_ERR_INVALID_ARGUMENT),
     KV("kv: FA_ALGO_NAIVE context", algo_naive, FA_ERR_UNSUPPORTED),
     KV("kv: FA_ALGO_PLAIN context", algo_plain, FA_ERR_UNSUPPORTED),
     MERGE("merge: n 0", merge_n0, FA_ERR_INVALID_ARGUMENT),
@@ -320,6 +341,10 @@ static const bad bads[] = {
     MERGE("merge: a part on cuda", merge_part_on_cuda, FA_ERR_DEVICE),
     MERGE("merge: head dim 300", merge_head_dim_300, FA_ERR_HEAD_DIM),
     MERGE("merge: a part's last stride 2", merge_part_last_stride, FA_ERR_STRIDE),
+    MERGE("merge: a part's lse NaN", merge_lpart_nan, FA_ERR_INVALID_ARGUMENT),
+    MERGE("merge: a part's lse +inf", merge_lpart_inf, FA_ERR_INVALID_ARGUMENT),
+    MERGE("merge: lse overlaps out", merge_lse_overlaps_out, FA_ERR_INVALID_ARGUMENT),
+    MERGE("merge: out head stride < head_dim", merge_out_heads_alias, FA_ERR_INVALID_ARGUMENT),
 };
 
 static void expect_failure(kargs *a, int op, fa_status want, const char *what) {

@@ -1,7 +1,11 @@
-# Writes the C code block that follows the line `<!-- test: readme_example -->` in README to
-# OUT, or, while the README has no such block, a stand-in that exits 77 (ctest: skipped).
-# Usage: cmake -DREADME=path -DOUT=path -P readme_extract.cmake
-set(marker "<!-- test: readme_example -->")
+# Writes the C code block that follows the line `<!-- test: NAME -->` in README to OUT (NAME:
+# -DNAME=..., default readme_example), or, while the README has no such block, a stand-in that
+# exits 77 (ctest: skipped).
+# Usage: cmake -DREADME=path -DOUT=path [-DNAME=name] -P readme_extract.cmake
+if(NOT NAME)
+  set(NAME readme_example)
+endif()
+set(marker "<!-- test: ${NAME} -->")
 set(code "")
 if(EXISTS "${README}")
   file(READ "${README}" text)

@@ -7,6 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef FA_TEST_CUDA
+#include "cuda/fwd_sm90_force.h"
+#endif
+
 typedef struct item {
     const tk_case *c;
     fa_backend backend;
@@ -53,15 +57,59 @@ static void run_item(void **state) {
     if (o.verbose) print_message("%s", r.msg);
 }
 
+/* The Hopper forward's forced choices from "key=value,..." (grid=<blocks>,
+   schedule=overlap|pingpong, tiles=short|long, serial=on|off, pairs); 0 on a malformed spec. */
+static int sm90_spec(const char *spec, int f[5]) {
+    static const char *const keys[] = {"grid=", "schedule=", "tiles=", "serial=", "pairs"};
+    static const char *const vals[][2] = {{"", ""}, {"overlap", "pingpong"}, {"short", "long"},
+                                          {"on", "off"}, {"", ""}};
+    char buf[128];
+    if (strlen(spec) >= sizeof buf) return 0;
+    strcpy(buf, spec);
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        int k = 0;
+        while (k < 5 && strncmp(tok, keys[k], strlen(keys[k])) != 0) k++;
+        if (k == 5) return 0;
+        const char *v = tok + strlen(keys[k]);
+        if (k == 0) {
+            char *end;
+            long b = strtol(v, &end, 10);
+            if (*end || b <= 0 || b > 1 << 20) return 0;
+            f[0] = (int)b;
+        } else if (k == 4) {
+            if (*v) return 0;
+            f[4] = 1;
+        } else {
+            f[k] = strcmp(v, vals[k][0]) == 0 ? 1 : strcmp(v, vals[k][1]) == 0 ? 2 : 0;
+            if (!f[k]) return 0;
+        }
+    }
+    return 1;
+}
+
 int sweep_main(int argc, char **argv, const char *group, const tk_case *cases, size_t n,
                const struct CMUnitTest *extra, size_t nextra) {
     fa_backend backend = FA_BACKEND_CPU;
-    if (argc > 1 && strcmp(argv[1], "cuda") == 0) {
+    int force[5] = {0, 0, 0, 0, 0}, ok = argc <= 2;
+    if (argc > 1 && strcmp(argv[1], "cuda") == 0)
         backend = FA_BACKEND_CUDA;
-    } else if (argc > 1 && strcmp(argv[1], "cpu") != 0) {
-        fprintf(stderr, "usage: %s [cpu|cuda]\n", argv[0]);
+    else if (argc > 1 && strcmp(argv[1], "cpu") != 0)
+        ok = 0;
+    if (argc == 4 && backend == FA_BACKEND_CUDA && strcmp(argv[2], "--sm90") == 0)
+        ok = sm90_spec(argv[3], force);
+    if (!ok) {
+        fprintf(stderr,
+                "usage: %s [cpu|cuda [--sm90 grid=N,schedule=overlap|pingpong,"
+                "tiles=short|long,serial=on|off,pairs]]\n",
+                argv[0]);
         return 2;
     }
+#ifdef FA_TEST_CUDA
+    if (argc == 4) { /* the Hopper forward's choices (a CUDA build's) */
+        const fa_sm90_fwd_force f = {force[0], force[1], force[2], force[3], force[4]};
+        fa_sm90_fwd_force_set(&f);
+    }
+#endif
     if (backend == FA_BACKEND_CUDA) {
         if (!sweep_have_cuda()) {
             printf("no CUDA backend or device here: the GPU sweep is skipped\n");

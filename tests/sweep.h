@@ -20,8 +20,10 @@
 #define SWEEP_SKIPPED 77
 
 /* Runs cases on the backend named by argv[1], then (CPU only) the extra tests; returns 0 when
-   all pass, 1 on any failure, SWEEP_SKIPPED for "cuda" without a GPU. FLASHATTN_TEST_VERBOSE=1
-   prints the error table of every case. */
+   all pass, 1 on any failure, 2 on bad arguments, SWEEP_SKIPPED for "cuda" without a GPU.
+   "cuda --sm90 SPEC" forces the Hopper forward's choices first (SPEC: grid=N,
+   schedule=overlap|pingpong, tiles=short|long, serial=on|off, pairs; src/cuda/fwd_sm90_force.h).
+   FLASHATTN_TEST_VERBOSE=1 prints the error table of every case. */
 int sweep_main(int argc, char **argv, const char *group, const tk_case *cases, size_t n,
                const struct CMUnitTest *extra, size_t nextra);
 

@@ -207,12 +207,27 @@ MUT(window_left_below, a->prm.window_left = -2)
 MUT(window_right_below, a->prm.window_right = -7)
 MUT(alibi_stride_negative, a->prm.alibi_slopes = a->slopes; a->prm.alibi_batch_stride = -1)
 MUT(alibi_stride_short, a->prm.alibi_slopes = a->slopes; a->prm.alibi_batch_stride = HQ - 1)
+MUT(scale_huge, a->prm.softmax_scale = 3e38f)
+MUT(scale_past_bound, a->prm.softmax_scale = nextafterf(FA_MAX_SOFTMAX_SCALE, INFINITY))
+MUT(alibi_nan, a->prm.alibi_slopes = a->slopes; a->slopes[3] = NAN)
+MUT(alibi_inf_row1, a->prm.alibi_slopes = a->slopes; a->prm.alibi_batch_stride = HQ;
+    a->slopes[HQ + 2] = INFINITY)
+MUT(alibi_minus_inf, a->prm.alibi_slopes = a->slopes; a->slopes[0] = -INFINITY)
+MUT(alibi_huge, a->prm.alibi_slopes = a->slopes; a->slopes[1] = 1e20f)
 MUT(all_on_cuda, all_tensors(a, set_cuda))
 MUT(k_on_cuda, a->t[T_K].device = FA_DEVICE_CUDA)
 MUT(dq_on_cuda, a->t[T_DQ].device = FA_DEVICE_CUDA)
 MUT(unknown_device, a->t[T_Q].device = (fa_device)9)
 MUT(out_overlaps_q, a->t[T_O].data = (float *)region(T_Q) + 3)
 MUT(lse_overlaps_k, a->t[T_LSE].data = region(T_K))
+/* outputs that alias themselves or each other (the inputs' strides stay as they are) */
+MUT(out_heads_alias, a->t[T_O].stride[a->t[T_O].ndim - 2] = D - 1)
+MUT(dq_rows_alias, a->t[T_DQ].stride[a->t[T_DQ].ndim - 3] = D)
+MUT(lse_overlaps_out, a->t[T_LSE].data = (float *)region(T_O) + 5)
+MUT(lse_self_alias, a->t[T_LSE].stride[a->t[T_LSE].ndim - 2] = 1)
+MUT(dv_is_dk, a->t[T_DV].data = region(T_DK))
+MUT(dv_one_row_on, a->t[T_DV].data = (float *)region(T_DK) + HKV * D) /* dv row t is dk row t+1 */
+MUT(dv_half_element, a->t[T_DV].data = (char *)region(T_DK) + 2)
 MUT(dk_overlaps_dout, a->t[T_DK].data = region(T_DOUT))
 #undef MUT
 
@@ -300,6 +315,23 @@ static const bad bads[] = {
     {"out overlaps q", out_overlaps_q, FA_ERR_INVALID_ARGUMENT, OP_FWD, 0},
     {"lse (output) overlaps k", lse_overlaps_k, FA_ERR_INVALID_ARGUMENT, OP_FWD, 0},
     {"dk overlaps dout", dk_overlaps_dout, FA_ERR_INVALID_ARGUMENT, OP_BWD, 0},
+    {"scale 3e38", scale_huge, FA_ERR_INVALID_ARGUMENT, OP_ALL, 0},
+    {"scale just past FA_MAX_SOFTMAX_SCALE", scale_past_bound, FA_ERR_INVALID_ARGUMENT, OP_ALL, 0},
+    {"alibi slope NaN", alibi_nan, FA_ERR_INVALID_ARGUMENT, OP_ALL, 0},
+    {"alibi slope +inf in batch row 1", alibi_inf_row1, FA_ERR_INVALID_ARGUMENT, OP_ALL, 0},
+    {"alibi slope +inf in batch row 1 (varlen)", alibi_inf_row1, FA_ERR_INVALID_ARGUMENT, OP_ALL,
+     1},
+    {"alibi slope -inf", alibi_minus_inf, FA_ERR_INVALID_ARGUMENT, OP_ALL, 0},
+    {"alibi slope 1e20", alibi_huge, FA_ERR_INVALID_ARGUMENT, OP_ALL, 0},
+    {"out head stride < head_dim", out_heads_alias, FA_ERR_INVALID_ARGUMENT, OP_FWD, 0},
+    {"out head stride < head_dim (varlen)", out_heads_alias, FA_ERR_INVALID_ARGUMENT, OP_FWD, 1},
+    {"dq seq stride = head stride", dq_rows_alias, FA_ERR_INVALID_ARGUMENT, OP_BWD, 0},
+    {"lse overlaps out", lse_overlaps_out, FA_ERR_INVALID_ARGUMENT, OP_FWD, 0},
+    {"lse aliases itself", lse_self_alias, FA_ERR_INVALID_ARGUMENT, OP_FWD, 0},
+    {"lse aliases itself (varlen)", lse_self_alias, FA_ERR_INVALID_ARGUMENT, OP_FWD, 1},
+    {"dv is dk", dv_is_dk, FA_ERR_INVALID_ARGUMENT, OP_BWD, 0},
+    {"dv one token row past dk", dv_one_row_on, FA_ERR_INVALID_ARGUMENT, OP_BWD, 0},
+    {"dv half an element past dk", dv_half_element, FA_ERR_INVALID_ARGUMENT, OP_BWD, 0},
 };
 
 static const char *op_name(int op) {
@@ -344,6 +376,46 @@ static void valid_calls_pass(void **state) {
             assert_string_equal(fa_last_error(ctx), "");
             fa_context_destroy(ctx);
         }
+}
+
+/* Outputs that share a buffer without sharing an element pass: dk and dv as the two halves of
+   a packed [B, SK, 2, HKV, D] dkv; and the largest softmax_scale works: with q = 0 every score
+   is 0 and out is the mean of v (finite only if scale * log2(e) does not overflow). */
+static void legal_layouts_pass(void **state) {
+    (void)state;
+    fa_context *ctx;
+    assert_int_equal(fa_context_create(&ctx, FA_BACKEND_CPU), FA_OK);
+    args a;
+    args_reset(&a, ctx, 0);
+    const int64_t pk[4] = {SK * 2 * HKV * D, 2 * HKV * D, D, 1};
+    memcpy(a.t[T_DK].stride, pk, sizeof pk);
+    memcpy(a.t[T_DV].stride, pk, sizeof pk);
+    a.t[T_DV].data = (float *)region(T_DK) + HKV * D;
+    fa_status st = call(&a, OP_BWD);
+    if (st != FA_OK) fail_msg("packed dk/dv: %s: %s", fa_status_string(st), fa_last_error(ctx));
+
+    args_reset(&a, ctx, 0);
+    float *q = calloc((size_t)B * SQ * HQ * D, sizeof *q);
+    assert_non_null(q);
+    a.t[T_Q].data = q;
+    a.prm.softmax_scale = FA_MAX_SOFTMAX_SCALE;
+    st = call(&a, OP_FWD);
+    if (st != FA_OK) fail_msg("scale 2^126: %s: %s", fa_status_string(st), fa_last_error(ctx));
+    const float *v = region(T_V), *o = region(T_O);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < SQ; t++)
+            for (int h = 0; h < HQ; h++)
+                for (int x = 0; x < D; x++) {
+                    double mean = 0;
+                    for (int j = 0; j < SK; j++) mean += v[((b * SK + j) * HKV + h / 2) * D + x];
+                    mean /= SK;
+                    const float got = o[((b * SQ + t) * HQ + h) * D + x];
+                    if (!(fabs(got - mean) <= 1e-5 * (1 + fabs(mean))))
+                        fail_msg("scale 2^126, q = 0: out(%d, %d, %d, %d) = %g, mean of v %g", b,
+                                 t, h, x, (double)got, mean);
+                }
+    free(q);
+    fa_context_destroy(ctx);
 }
 
 static void null_context(void **state) {
@@ -447,9 +519,10 @@ int main(void) {
     for (size_t i = 0; i < ARENA_BYTES / sizeof(float); i++)
         ((float *)arena)[i] = (float)tk_rng_normal(&r);
 
-    enum { NB = sizeof bads / sizeof *bads, NX = 5 };
+    enum { NB = sizeof bads / sizeof *bads, NX = 6 };
     struct CMUnitTest tests[NB + NX] = {
-        cmocka_unit_test(valid_calls_pass),     cmocka_unit_test(null_context),
+        cmocka_unit_test(valid_calls_pass),     cmocka_unit_test(legal_layouts_pass),
+        cmocka_unit_test(null_context),
         cmocka_unit_test(workspace_query_null_bytes), cmocka_unit_test(workspace_too_small),
         cmocka_unit_test(context_create_errors),
     };

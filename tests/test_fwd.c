@@ -92,7 +92,7 @@ static void lse_optional_and_repeatable(void **state) {
  * into three bf16 parts (src/cpu/amx_split.h), whose lo part is subnormal, and read as zero by
  * AMX, for values under ~2^-110. Q * 2^-a with K * 2^a keeps the scores of unit normals while
  * every Q element is tiny (a = 100 is the edge the kernel holds: at 108 it errs 4x the plain
- * baseline, bench/NOTES.md); V * 2^+-120 puts O near the ends of the fp32 range (the amx
+ * baseline, docs/perf/cpu.md); V * 2^+-120 puts O near the ends of the fp32 range (the amx
  * level scales V up before splitting it and O back as it stores it: fwd_amx_f32.c's v_scale;
  * before, V * 2^-120 erred 0.023 at O's scale against plain's 5e-7 on an AMX host); causal
  * masks give -inf scores. Every level runs it: the FMA kernels must hold it too.

@@ -1,5 +1,6 @@
 /*
- * cmd_check.c — `flashattn check`: the correctness sweep a user runs after an upgrade.
+ * cmd_check.c — `flashattn check`: the correctness sweep a user runs after an upgrade, as
+ * text or (--json) as one JSON object (check_json.c).
  *
  * Every case runs the kernel under test, the float64 reference and the plain baseline on the
  * same fresh random inputs (testkit) and must keep its error within 2x the baseline's plus a
@@ -34,6 +35,8 @@ static void usage(FILE *f) {
             "  --threads N        worker threads of the kernel under test (default: all cores)\n"
             "  --seed N           input seed (default: FLASHATTN_TEST_SEED, else fresh)\n"
             "  -v, --verbose      also mean errors, and the full report of every case\n"
+            "  --json             the results as one JSON object on stdout (every case with its\n"
+            "                     status, kernels and error figures, then the summary)\n"
             "  -h, --help         this text\n");
 }
 
@@ -68,8 +71,10 @@ static void put_err(char *buf, size_t len, const char *name, const tk_err e[2], 
                  2 * e[1].max_abs + slack, mark);
 }
 
+/* Runs the cases; each result goes to stdout as text, or into json when it is set. */
 static void run_list(const char *op, const tk_case *cases, size_t n, int full,
-                     const char *filter, const tk_opts *opts, uint64_t seed, tally *t) {
+                     const char *filter, const tk_opts *opts, uint64_t seed, tally *t,
+                     cJSON *json) {
     static tk_report r; /* 4 KiB of message plus errors: keep it off the stack */
     for (size_t i = 0; i < n; i++) {
         const tk_case cb = tk_case_on(&cases[i], opts->backend); /* f32 runs in bf16 on CUDA */
@@ -78,7 +83,8 @@ static void run_list(const char *op, const tk_case *cases, size_t n, int full,
         tk_case_format(c, desc, sizeof desc);
         if (!full && longest(c) >= 1000) continue;
         if (filter && !strstr(desc, filter)) continue;
-        int tty = isatty(STDOUT_FILENO); /* a progress line only where it can be overwritten */
+        /* a progress line only where it can be overwritten */
+        int tty = !json && isatty(STDOUT_FILENO);
         if (tty) {
             printf("....  %s %s", op, desc);
             fflush(stdout);
@@ -86,6 +92,13 @@ static void run_list(const char *op, const tk_case *cases, size_t n, int full,
         double t0 = tool_now();
         int st = tk_run_case(c, opts, seed, &r);
         double secs = tool_now() - t0;
+        if (st == TK_PASS) t->pass++;
+        else if (st == TK_FAIL) t->fail++;
+        else t->skip++;
+        if (json) {
+            check_json_case(json, op, c, st, secs, &r);
+            continue;
+        }
         const char *tag = st == TK_PASS ? "PASS" : st == TK_FAIL ? "FAIL" : "SKIP";
         char errs[512] = "";
         if (st != TK_SKIP && r.kernel_fwd[0]) {
@@ -107,24 +120,22 @@ static void run_list(const char *op, const tk_case *cases, size_t n, int full,
             const char *body = strchr(r.msg, '\n');
             if (body && body[1]) printf("%s", body + 1);
         }
-        if (st == TK_PASS) t->pass++;
-        else if (st == TK_FAIL) t->fail++;
-        else t->skip++;
         fflush(stdout);
     }
 }
 
 int cmd_check(int argc, char **argv) {
-    int full = 0, fwd = 1, bwd = 1;
+    int full = 0, fwd = 1, bwd = 1, json = 0;
     const char *filter = NULL;
     tk_opts opts = {FA_BACKEND_CPU, FA_ALGO_AUTO, 0, 0};
     uint64_t seed = tk_seed();
-    enum { O_QUICK = 256, O_FULL, O_OP, O_FILTER, O_BACKEND, O_THR, O_SEED };
+    enum { O_QUICK = 256, O_FULL, O_OP, O_FILTER, O_BACKEND, O_THR, O_SEED, O_JSON };
     static const struct option lopts[] = {
         {"quick", no_argument, 0, O_QUICK},         {"full", no_argument, 0, O_FULL},
         {"op", required_argument, 0, O_OP},         {"filter", required_argument, 0, O_FILTER},
         {"backend", required_argument, 0, O_BACKEND}, {"threads", required_argument, 0, O_THR},
         {"seed", required_argument, 0, O_SEED},     {"verbose", no_argument, 0, 'v'},
+        {"json", no_argument, 0, O_JSON},
         {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
     int c;
     int64_t v;
@@ -153,6 +164,7 @@ int cmd_check(int argc, char **argv) {
             seed = (uint64_t)v;
             break;
         case 'v': opts.verbose = 1; break;
+        case O_JSON: json = 1; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -167,34 +179,49 @@ int cmd_check(int argc, char **argv) {
         return 2;
     }
 
-    printf("flashattn check %s (%s, %s backend, seed %llu)\n", fa_version(),
-           full ? "full" : "quick", opts.backend == FA_BACKEND_CUDA ? "cuda" : "cpu",
-           (unsigned long long)seed);
-    printf("per output: kernel max error / allowed (2x the same-precision plain baseline's + "
-           "slack), both vs float64;\n+D: testkit also allows the fp32 noise of the backward's "
-           "D_i term there (not shown)\n");
+    cJSON *doc = NULL;
+    if (json) {
+        doc = check_json_begin(full, opts.backend, seed, filter, opts.threads,
+                               fwd && bwd ? "both" : fwd ? "fwd" : "bwd");
+        if (!doc) {
+            fprintf(stderr, "flashattn check: out of memory\n");
+            return 1;
+        }
+    } else {
+        printf("flashattn check %s (%s, %s backend, seed %llu)\n", fa_version(),
+               full ? "full" : "quick", opts.backend == FA_BACKEND_CUDA ? "cuda" : "cpu",
+               (unsigned long long)seed);
+        printf("per output: kernel max error / allowed (2x the same-precision plain baseline's "
+               "+ slack), both vs float64;\n+D: testkit also allows the fp32 noise of the "
+               "backward's D_i term there (not shown)\n");
+    }
     double t0 = tool_now();
     tally t = {0, 0, 0};
     size_t n;
     const tk_case *cases;
     if (fwd) {
         cases = tk_fwd_cases(&n);
-        run_list("fwd", cases, n, full, filter, &opts, seed, &t);
+        run_list("fwd", cases, n, full, filter, &opts, seed, &t, doc);
     }
     if (bwd) {
         cases = tk_bwd_cases(&n);
-        run_list("bwd", cases, n, full, filter, &opts, seed, &t);
+        run_list("bwd", cases, n, full, filter, &opts, seed, &t, doc);
     }
     if (full) {
         cases = check_large_cases(&n);
         for (size_t i = 0; i < n; i++)
             if ((cases[i].bwd && bwd) || (!cases[i].bwd && fwd))
-                run_list(cases[i].bwd ? "bwd" : "fwd", &cases[i], 1, 1, filter, &opts, seed, &t);
+                run_list(cases[i].bwd ? "bwd" : "fwd", &cases[i], 1, 1, filter, &opts, seed, &t,
+                         doc);
     }
-    char ts[24];
-    printf("\n%d passed, %d failed, %d skipped in %s (seed %llu; repeat with --seed %llu)\n",
-           t.pass, t.fail, t.skip, tool_fmt_seconds(ts, sizeof ts, tool_now() - t0),
-           (unsigned long long)seed, (unsigned long long)seed);
+    if (json) {
+        if (check_json_end(doc, t.pass, t.fail, t.skip, tool_now() - t0) != 0) return 1;
+    } else {
+        char ts[24];
+        printf("\n%d passed, %d failed, %d skipped in %s (seed %llu; repeat with --seed %llu)\n",
+               t.pass, t.fail, t.skip, tool_fmt_seconds(ts, sizeof ts, tool_now() - t0),
+               (unsigned long long)seed, (unsigned long long)seed);
+    }
     if (t.pass + t.fail == 0) {
         fprintf(stderr, "flashattn check: no case ran\n");
         return 1;

@@ -1,11 +1,13 @@
 /*
- * cmd_demo.c — `flashattn demo`: textbook attention against flash attention on growing
- * sequence lengths, side by side, with the time and the real peak memory of every run.
+ * cmd_demo.c — `flashattn demo`: attention as a user writes it against flash attention on
+ * growing sequence lengths, side by side, with the time and the real peak memory of every run.
  *
- * The naive contender is FA_ALGO_PLAIN (the B*H*N*N score matrix materialised, fp32 math),
- * the flash contender FA_ALGO_AUTO. Each run is its own child process under an address-space
- * limit, so its peak RSS is its own and the quadratic score matrix eventually fails to
- * allocate while the flash path keeps going.
+ * The naive contender is materialised attention on the best matrix product the tool was built
+ * with (demo_naive.c: cblas_sgemm of a BLAS, else C loops), with the library's thread count;
+ * the flash contender is fa_fwd with FA_ALGO_AUTO. Both take the same fp32 (or f16, bf16)
+ * inputs. Each run is its own child process under an address-space limit, so its peak RSS is
+ * its own and the quadratic score matrix eventually fails to allocate while the flash path
+ * keeps going.
  */
 #define _GNU_SOURCE
 #include <getopt.h>
@@ -23,18 +25,20 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: flashattn demo [options]\n"
             "\n"
-            "Runs textbook attention (FA_ALGO_PLAIN: the full B*H*N*N score matrix, fp32) and\n"
-            "flash attention (FA_ALGO_AUTO) on growing sequence lengths, each run in its own\n"
-            "child process under a memory limit, and prints time, peak memory and the error\n"
-            "between the two side by side.\n"
+            "Runs attention as a user writes it on a matrix library and flash attention\n"
+            "(FA_ALGO_AUTO) on growing sequence lengths, each run in its own child process\n"
+            "under a memory limit, and prints time, peak memory and the error between the two\n"
+            "side by side. A run longer than a second shows a progress line on stderr.\n"
+            "The naive side, %s: the B*H*N*N scores held in fp32, a softmax\n"
+            "per row, the products on\n  %s.\n"
             "\n"
             "  --seqlens LIST      comma list or A..B doubling (default 512..16384)\n"
             "  --batch B           batch size (default 1)\n"
             "  --heads H           heads (default 4; 8 with --long)\n"
             "  --head-dim D        head dimension (default 64)\n"
-            "  --dtype T           f32, f16 or bf16 (default f32)\n"
+            "  --dtype T           f32, f16 or bf16 (default f32; the naive side computes in fp32)\n"
             "  --causal            causal mask (default off; on with --long)\n"
-            "  --threads N         worker threads (default 0: all cores)\n"
+            "  --threads N         worker threads of both sides (default 0: all cores)\n"
             "  --mem-limit BYTES   address space each run may add once warm, e.g. 4G (default 4G)\n"
             "  --naive-budget S    skip a naive run predicted to take more than S seconds\n"
             "                      when it would fit in memory (default 30; 0: never skip)\n"
@@ -43,11 +47,13 @@ static void usage(FILE *f) {
             "  --long              the long case instead: one forward at seqlen 131072, 8 heads,\n"
             "                      d 64, causal; reports time, workspace and peak RSS\n"
             "  --non-causal        with --long: without the causal mask (twice the work)\n"
-            "  -h, --help          this text\n");
+            "  -h, --help          this text\n",
+            demo_naive_label(), demo_naive_engine());
 }
 
-/* Width of one contender's block of four columns. */
-#define CELL 42
+/* The table fits 100 columns: seqlen and inputs (16), two contender blocks of three columns
+   (time, peak RSS, attn mem: 30 each, after " |"), then " |", speedup and max|err| (17). */
+#define CELL 30
 
 typedef struct row_notes {
     char text[8][640];
@@ -64,26 +70,25 @@ static double attn_extra_bytes(const demo_outcome *oc) {
     return extra > 0 ? extra : 0;
 }
 
-/* The block of one contender: four numbers, or what happened instead. */
+/* The block of one contender: three numbers, or what happened instead (a leading space keeps
+   the text off the column rule). */
 static void format_cell(char *cell, size_t len, const demo_outcome *oc, int naive,
                         const char *label, int64_t n, double budget, row_notes *notes) {
-    char a[24], b[24], c[24], d[24];
+    char a[24], b[24], c[24];
     const demo_report *r = &oc->rep;
     uint64_t needs = naive ? r->score_bytes : r->ws_query;
     char nb[24];
     tool_fmt_bytes(nb, sizeof nb, (double)needs);
     if (oc->have_report && r->stage == DEMO_STAGE_DONE && r->skipped) {
-        snprintf(cell, len, "skipped: est. %s > budget %s",
-                 tool_fmt_seconds(a, sizeof a, oc->rep.seconds),
+        snprintf(cell, len, " skipped: est. %s > %s", tool_fmt_seconds(a, sizeof a, r->seconds),
                  tool_fmt_seconds(b, sizeof b, budget));
         return;
     }
     if (oc->have_report && r->stage == DEMO_STAGE_DONE && r->status == FA_OK) {
-        snprintf(cell, len, "%9s %10s %10s %10s", tool_fmt_seconds(a, sizeof a, r->seconds),
+        snprintf(cell, len, "%9s %10s %9s", tool_fmt_seconds(a, sizeof a, r->seconds),
                  tool_fmt_bytes(b, sizeof b, (double)oc->iso.peak_rss_kib * 1024.0),
                  attn_extra_bytes(oc) < DEMO_RSS_NOISE ? "< 0.5 MiB"
-                                                  : tool_fmt_bytes(c, sizeof c, attn_extra_bytes(oc)),
-                 tool_fmt_bytes(d, sizeof d, (double)r->ws_used));
+                                                  : tool_fmt_bytes(c, sizeof c, attn_extra_bytes(oc)));
         return;
     }
     char where[64];
@@ -91,19 +96,19 @@ static void format_cell(char *cell, size_t len, const demo_outcome *oc, int naiv
     if (oc->have_report && r->stage == DEMO_STAGE_DONE) {
         note(notes, "%s: %s", where, r->error);
         if (r->no_inputs)
-            snprintf(cell, len, "inputs alone exceed the memory limit");
+            snprintf(cell, len, " inputs alone exceed the limit");
         else if (r->status == FA_ERR_OUT_OF_MEMORY)
-            snprintf(cell, len, "out of memory: needs %s", nb);
+            snprintf(cell, len, " out of memory: needs %s", nb);
         else
-            snprintf(cell, len, "error: %.36s", fa_status_string((fa_status)r->status));
+            snprintf(cell, len, " error: %.22s", fa_status_string((fa_status)r->status));
         return;
     }
     if (oc->iso.signal)
-        snprintf(cell, len, "died: signal %d%s%s", oc->iso.signal,
-                 naive ? ", needs " : "", naive ? nb : "");
+        snprintf(cell, len, " died: signal %d%s%s", oc->iso.signal, naive ? ", needs " : "",
+                 naive ? nb : "");
     else
-        snprintf(cell, len, "died: exit code %d%s%s", oc->iso.exit_code,
-                 naive ? ", needs " : "", naive ? nb : "");
+        snprintf(cell, len, " exit code %d%s%s", oc->iso.exit_code, naive ? ", needs " : "",
+                 naive ? nb : "");
 }
 
 /* Kernel descriptions with the lengths they served, grouped in order of appearance. */
@@ -113,14 +118,7 @@ typedef struct kernel_log {
     int n;
 } kernel_log;
 
-static void log_kernel(kernel_log *kl, const char *who, const demo_report *r, int64_t n) {
-    char desc[320];
-    if (r->tile_q)
-        snprintf(desc, sizeof desc, "%s %s (tile %dx%d, %d threads)%s%s", who, r->kernel,
-                 r->tile_q, r->tile_k, r->sel_threads, *r->reason ? ": " : "", r->reason);
-    else
-        snprintf(desc, sizeof desc, "%s %s (%d threads)%s%s", who, r->kernel, r->sel_threads,
-                 *r->reason ? ": " : "", r->reason);
+static void log_kernel(kernel_log *kl, const char *desc, int64_t n) {
     int i = 0;
     while (i < kl->n && strcmp(kl->desc[i], desc) != 0) i++;
     if (i == kl->n) {
@@ -134,31 +132,61 @@ static void log_kernel(kernel_log *kl, const char *who, const demo_report *r, in
              (long long)n);
 }
 
-static int run_table(const demo_cfg *cfg) {
+/* "naive: OpenBLAS 0.3.21 cblas_sgemm (Haswell kernels), 2 threads (flash: 2)": what
+   computed the naive side, and whether its thread count matched the library's. */
+static void naive_desc(char *desc, size_t len, const demo_report *r) {
+    if (r->sel_threads > 0)
+        snprintf(desc, len, "naive: %s, %d thread%s (flash: %d)", demo_naive_engine(),
+                 r->sel_threads, r->sel_threads == 1 ? "" : "s", r->lib_threads);
+    else
+        snprintf(desc, len, "naive: %s, the BLAS's own threads, softmax on %d", demo_naive_engine(),
+                 r->lib_threads);
+}
+
+/* "flash: cpu_fwd_avx512_f32_64x64 (tile 64x64, 2 threads, workspace 624.1 KiB): reason". */
+static void flash_desc(char *desc, size_t len, const demo_report *r) {
+    char ws[24], tile[32] = "";
+    tool_fmt_bytes(ws, sizeof ws, (double)r->ws_used);
+    if (r->tile_q) snprintf(tile, sizeof tile, "tile %dx%d, ", r->tile_q, r->tile_k);
+    snprintf(desc, len, "flash: %s (%s%d thread%s, workspace %s)%s%s", r->kernel, tile,
+             r->sel_threads, r->sel_threads == 1 ? "" : "s", ws, *r->reason ? ": " : "",
+             r->reason);
+}
+
+static int done_ok(const demo_outcome *oc) {
+    return oc->have_report && oc->rep.stage == DEMO_STAGE_DONE && oc->rep.status == FA_OK &&
+           !oc->rep.skipped;
+}
+
+static void print_header(const demo_cfg *cfg) {
     char s1[32], s2[32];
-    printf("flashattn demo: B=%lld H=%lld d=%lld %s, %s, threads %s, memory limit %s per run, "
-           "seed %llu\n",
+    printf("flashattn demo: B=%lld H=%lld d=%lld %s, %s, threads %s, memory limit %s per run\n",
            (long long)cfg->batch, (long long)cfg->heads, (long long)cfg->head_dim,
            fa_dtype_name(cfg->dtype), cfg->causal ? "causal" : "non-causal",
            cfg->threads ? (snprintf(s2, sizeof s2, "%d", cfg->threads), s2) : "all",
-           tool_fmt_bytes(s1, sizeof s1, (double)cfg->mem_limit),
+           tool_fmt_bytes(s1, sizeof s1, (double)cfg->mem_limit));
+    printf("naive = %s: softmax(Q K^T / sqrt(d)%s) V as a user writes it,\n"
+           "  the B*H*N*N scores held in fp32, products on %s\n",
+           demo_naive_label(), cfg->causal ? " + causal mask" : "", demo_naive_engine());
+    printf("flash = FA_ALGO_AUTO; both sides get the same inputs (seed %llu), one process a run\n",
            (unsigned long long)cfg->seed);
-    printf("naive = FA_ALGO_PLAIN (textbook: B*H*N*N score matrix), flash = FA_ALGO_AUTO; "
-           "each run in its own process\n");
     double load = tool_loadavg();
     if (load > 0.5 * tool_online_cpus())
         printf("note: load average %.2f on %d CPUs: other work is running, times will be "
                "slow and noisy\n", load, tool_online_cpus());
     printf("\n");
-    printf("%7s %10s | %-*s | %-*s |\n", "", "", CELL, "naive", CELL, "flash");
-    printf("%7s %10s | %9s %10s %10s %10s | %9s %10s %10s %10s | %7s %9s\n", "seqlen", "inputs",
-           "time", "peak RSS", "attn mem", "workspace", "time", "peak RSS", "attn mem",
-           "workspace", "speedup", "max|err|");
-    char rule[200];
+    printf("%6s %9s |%-*s |%-*s |\n", "", "", CELL, " naive", CELL, " flash");
+    printf("%6s %9s |%9s %10s %9s |%9s %10s %9s |%8s %8s\n", "seqlen", "inputs", "time",
+           "peak RSS", "attn mem", "time", "peak RSS", "attn mem", "speedup", "max|err|");
+    char rule[64];
     memset(rule, '-', sizeof rule - 1);
     rule[sizeof rule - 1] = 0;
-    printf("%.19s+%.*s+%.*s+%.18s\n", rule, CELL + 2, rule, CELL + 2, rule, rule);
+    printf("%.17s+%.*s+%.*s+%.17s\n", rule, CELL + 1, rule, CELL + 1, rule, rule);
+}
 
+static int run_table(const demo_cfg *cfg) {
+    char s1[32], s2[32];
+    print_header(cfg);
     double t_start = tool_now(), last_naive_s = 0;
     int64_t last_naive_n = 0;
     row_notes notes = {.n = 0};
@@ -168,31 +196,31 @@ static int run_table(const demo_cfg *cfg) {
         int64_t n = cfg->seqlens[i];
         demo_outcome naive, flash;
         memset(&naive, 0, sizeof naive);
-        char ncell[128] = "-", fcell[128], speed[16] = "-", err[16] = "-", inputs[24] = "?";
+        char ncell[128] = " -", fcell[128], speed[16] = "-", err[16] = "-", inputs[24] = "?";
+        char desc[320];
         int naive_fd = -1, flash_fd = -1;
         if (cfg->run_naive) {
             naive_fd = demo_out_file();
-            demo_job job = {cfg, n, cfg->heads, cfg->causal, FA_ALGO_PLAIN, 0, naive_fd};
+            demo_job job = {cfg, n, cfg->heads, cfg->causal, 1, 0, naive_fd, demo_naive_label()};
             if (last_naive_n)
                 job.est_seconds = last_naive_s * ((double)n / (double)last_naive_n) *
                                   ((double)n / (double)last_naive_n);
             if (demo_run(&job, &naive) != 0) return 1;
             if (naive.rep.skipped) naive.rep.seconds = job.est_seconds;
             format_cell(ncell, sizeof ncell, &naive, 1, "naive", n, cfg->naive_budget, &notes);
-            if (naive.rep.stage == DEMO_STAGE_DONE && naive.rep.status == FA_OK &&
-                !naive.rep.skipped) {
+            if (done_ok(&naive)) {
                 last_naive_s = naive.rep.seconds;
                 last_naive_n = n;
-                log_kernel(&kl, "naive:", &naive.rep, n);
+                naive_desc(desc, sizeof desc, &naive.rep);
+                log_kernel(&kl, desc, n);
             }
         }
         int naive_out = naive.have_report && naive.rep.out_bytes > 0;
         if (naive_out) flash_fd = demo_out_file();
-        demo_job fjob = {cfg, n, cfg->heads, cfg->causal, FA_ALGO_AUTO, 0, flash_fd};
+        demo_job fjob = {cfg, n, cfg->heads, cfg->causal, 0, 0, flash_fd, "flash"};
         if (demo_run(&fjob, &flash) != 0) return 1;
         format_cell(fcell, sizeof fcell, &flash, 0, "flash", n, 0, &notes);
-        int flash_ok = flash.rep.stage == DEMO_STAGE_DONE && flash.rep.status == FA_OK &&
-                       !flash.rep.skipped;
+        int flash_ok = done_ok(&flash);
         if (flash_ok && flash.rep.nonfinite) {
             char cnt[64];
             snprintf(cnt, sizeof cnt, "%llu", (unsigned long long)flash.rep.nonfinite);
@@ -200,15 +228,17 @@ static int run_table(const demo_cfg *cfg) {
                  (snprintf(s2, sizeof s2, "%lld", (long long)n), s2));
             failures++;
         }
-        if (naive.rep.stage == DEMO_STAGE_DONE && naive.rep.status == FA_OK &&
-            naive.rep.nonfinite) {
+        if (done_ok(&naive) && naive.rep.nonfinite) {
             char cnt[64];
             snprintf(cnt, sizeof cnt, "%llu", (unsigned long long)naive.rep.nonfinite);
             note(&notes, "naive output has %s non-finite elements at seqlen %s", cnt,
                  (snprintf(s2, sizeof s2, "%lld", (long long)n), s2));
         }
         if (!flash_ok) failures++;
-        if (flash_ok) log_kernel(&kl, "flash:", &flash.rep, n);
+        if (flash_ok) {
+            flash_desc(desc, sizeof desc, &flash.rep);
+            log_kernel(&kl, desc, n);
+        }
         if (flash.have_report) tool_fmt_bytes(inputs, sizeof inputs, (double)flash.rep.input_bytes);
         if (flash_ok && naive_out && flash.rep.out_bytes == naive.rep.out_bytes) {
             snprintf(speed, sizeof speed, "%.1fx", naive.rep.seconds / flash.rep.seconds);
@@ -222,19 +252,20 @@ static int run_table(const demo_cfg *cfg) {
         }
         if (naive_fd >= 0) close(naive_fd);
         if (flash_fd >= 0) close(flash_fd);
-        printf("%7lld %10s | %-*s | %-*s | %7s %9s\n", (long long)n, inputs, CELL, ncell, CELL,
-               fcell, speed, err);
+        printf("%6lld %9s |%-*s |%-*s |%8s %8s\n", (long long)n, inputs, CELL, ncell, CELL, fcell,
+               speed, err);
         fflush(stdout);
         demo_outcome_free(&naive);
         demo_outcome_free(&flash);
     }
     printf("\n");
-    for (int i = 0; i < kl.n; i++) printf("kernel %s  [seqlen %s]\n", kl.desc[i], kl.lens[i]);
+    for (int i = 0; i < kl.n; i++) printf("%s  [seqlen %s]\n", kl.desc[i], kl.lens[i]);
     for (int i = 0; i < notes.n; i++) printf("note: %s\n", notes.text[i]);
-    printf("\npeak RSS: the run's peak resident memory (wait4 ru_maxrss); attn mem: peak RSS minus "
-           "the RSS before the call\n(inputs, outputs, runtime), i.e. what the attention itself "
-           "added, resolved to about 0.5 MiB;\nworkspace: fa_last_selection()->workspace_bytes. "
-           "speedup: naive time / flash time; max|err|: largest |naive - flash| over O.\n");
+    printf("\ntime: of one call, or the median of up to %d when a call takes less than %.1f s. "
+           "peak RSS:\nthe run's peak resident memory (wait4 ru_maxrss); attn mem: peak RSS minus "
+           "the RSS before\nthe call (inputs, outputs, runtime), i.e. what the attention itself "
+           "added, to about 0.5 MiB.\nspeedup: naive time / flash time; max|err|: the largest "
+           "|naive - flash| over O.\n", DEMO_MAX_CALLS, DEMO_REPEAT_BELOW);
     printf("demo finished in %s\n", tool_fmt_seconds(s1, sizeof s1, tool_now() - t_start));
     return failures ? 1 : 0;
 }

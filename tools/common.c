@@ -133,6 +133,15 @@ double tool_load(const void *data, fa_dtype dt, size_t i) {
     }
 }
 
+void tool_store(void *data, fa_dtype dt, size_t i, double v) {
+    switch (dt) {
+    case FA_DTYPE_F16: ((uint16_t *)data)[i] = f32_to_f16((float)v); break;
+    case FA_DTYPE_BF16: ((uint16_t *)data)[i] = f32_to_bf16((float)v); break;
+    case FA_DTYPE_F64: ((double *)data)[i] = v; break;
+    default: ((float *)data)[i] = (float)v; break;
+    }
+}
+
 int tool_parse_dtype(const char *s, fa_dtype *dt) {
     static const struct {
         const char *name;

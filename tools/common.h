@@ -43,6 +43,8 @@ void tool_fill_normal(void *data, fa_dtype dt, size_t n, tool_rng *r);
 /* Element i of a buffer of dtype dt, as double (f32, f16, bf16, f64). */
 double tool_load(const void *data, fa_dtype dt, size_t i);
 
+/* Stores v as element i of a buffer of dtype dt, rounded to nearest even. */
+void tool_store(void *data, fa_dtype dt, size_t i, double v);
 /* Parses "f32", "f16", "bf16" (and "f64"); returns 0 on success. */
 int tool_parse_dtype(const char *s, fa_dtype *dt);
 /* Parses a byte count with an optional K/M/G/T suffix (binary units, "4G", "512M", "1.5G"). */

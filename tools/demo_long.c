@@ -8,7 +8,7 @@
 #include "demo.h"
 
 int demo_long(const demo_cfg *cfg, int64_t seqlen) {
-    char a[32], b[32], c[32];
+    char a[32], b[32];
     double flops = demo_flops(cfg->batch, cfg->heads, seqlen, cfg->head_dim, cfg->causal);
     double scores32 = (double)cfg->batch * (double)cfg->heads * (double)seqlen * (double)seqlen * 4;
     printf("flashattn demo --long: B=%lld seqlen=%lld H=%lld d=%lld %s, %s, memory limit %s\n",
@@ -16,14 +16,13 @@ int demo_long(const demo_cfg *cfg, int64_t seqlen) {
            (long long)cfg->head_dim, fa_dtype_name(cfg->dtype),
            cfg->causal ? "causal" : "non-causal",
            tool_fmt_bytes(a, sizeof a, (double)cfg->mem_limit));
-    printf("the score matrix alone would be %s in fp32 (FA_ALGO_PLAIN would allocate %s)\n",
-           tool_fmt_bytes(b, sizeof b, scores32),
-           tool_fmt_bytes(c, sizeof c, (double)demo_score_bytes(cfg->batch, cfg->heads, seqlen,
-                                                                seqlen)));
+    printf("the score matrix alone would be %s in fp32, which the table's %s side\n"
+           "allocates in one piece\n",
+           tool_fmt_bytes(b, sizeof b, scores32), demo_naive_label());
     printf("running flash (FA_ALGO_AUTO): %.1f GFLOP ...\n", flops * 1e-9);
     fflush(stdout);
 
-    demo_job job = {cfg, seqlen, cfg->heads, cfg->causal, FA_ALGO_AUTO, 0, -1};
+    demo_job job = {cfg, seqlen, cfg->heads, cfg->causal, 0, 0, -1, "flash"};
     demo_outcome oc;
     if (demo_run(&job, &oc) != 0) return 1;
     const demo_report *r = &oc.rep;

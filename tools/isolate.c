@@ -2,6 +2,7 @@
 #include "isolate.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,8 +62,9 @@ long iso_self_rss_kib(void) {
 }
 
 /* Reads fd to end of file into a growing buffer; the child may write more than a pipe holds,
-   so this must run before waiting for it. */
-static int slurp(int fd, void **out, size_t *out_bytes) {
+   so this must run before waiting for it. While nothing arrives, tick (if set) is called about
+   every 250 ms with the seconds since t0. */
+static int slurp(int fd, void **out, size_t *out_bytes, iso_tick tick, void *tick_arg, double t0) {
     size_t cap = 1 << 16, len = 0;
     char *buf = malloc(cap);
     if (!buf) return -1;
@@ -75,6 +77,14 @@ static int slurp(int fd, void **out, size_t *out_bytes) {
             }
             buf = nb;
             cap *= 2;
+        }
+        if (tick) {
+            struct pollfd p = {fd, POLLIN, 0};
+            int ready = poll(&p, 1, 250);
+            if (ready == 0 || (ready < 0 && errno == EINTR)) {
+                tick(tick_arg, tool_now() - t0);
+                continue;
+            }
         }
         ssize_t r = read(fd, buf + len, cap - len);
         if (r < 0) {
@@ -91,6 +101,10 @@ static int slurp(int fd, void **out, size_t *out_bytes) {
 }
 
 int iso_run(iso_fn fn, void *arg, iso_result *res) {
+    return iso_run_watched(fn, arg, NULL, NULL, res);
+}
+
+int iso_run_watched(iso_fn fn, void *arg, iso_tick tick, void *tick_arg, iso_result *res) {
     memset(res, 0, sizeof *res);
     int fds[2];
     if (pipe(fds) != 0) {
@@ -113,7 +127,7 @@ int iso_run(iso_fn fn, void *arg, iso_result *res) {
         _exit(code);
     }
     close(fds[1]);
-    int rd = slurp(fds[0], &res->report, &res->report_bytes);
+    int rd = slurp(fds[0], &res->report, &res->report_bytes, tick, tick_arg, t0);
     close(fds[0]);
     int status = 0;
     struct rusage ru;

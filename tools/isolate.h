@@ -29,6 +29,10 @@ typedef struct iso_result {
    be started. */
 typedef int (*iso_fn)(void *arg, int fd);
 int iso_run(iso_fn fn, void *arg, iso_result *res);
+/* The same, calling tick(tick_arg, seconds since the fork) about every 250 ms while the child
+   runs, from the parent: a long run can show that it is alive. */
+typedef void (*iso_tick)(void *tick_arg, double elapsed_s);
+int iso_run_watched(iso_fn fn, void *arg, iso_tick tick, void *tick_arg, iso_result *res);
 
 /* In a child: limits further address space to `extra` bytes beyond what is mapped now (0: no
    limit). Call it once the runtime is warm (worker threads and their stacks exist), so the

@@ -11,9 +11,9 @@ static const struct {
     int (*run)(int argc, char **argv);
     const char *what;
 } commands[] = {
-    {"info", cmd_info, "version, backends, CPU features, threads, kernels"},
-    {"demo", cmd_demo, "textbook vs flash attention: time and peak memory as seqlen grows"},
-    {"check", cmd_check, "correctness sweep against the float64 reference"},
+    {"info", cmd_info, "version, backends, CPU features, threads, kernels (--json too)"},
+    {"demo", cmd_demo, "materialised (BLAS) vs flash attention: time, peak memory as seqlen grows"},
+    {"check", cmd_check, "correctness sweep against the float64 reference (--json too)"},
     {"bench", cmd_bench, "timed forward/backward sweeps, GFLOP/s, optional JSON"},
 };
 

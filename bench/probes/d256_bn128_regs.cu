@@ -2,7 +2,7 @@
    "64x128x256" forward tile) fit its registers when the key loop runs S, softmax, P V in
    series (no second S in flight while P V reads P), leaving the overlap to the other consumer
    (ping-pong turns)? The kernel's own loop keeps S(j + 1) and P(j) live together, and its
-   128-key d 256 form spills 416-436 bytes around S (bench/NOTES.md). Here one warpgroup runs
+   128-key d 256 form spills 416-436 bytes around S (docs/perf/fwd_sm90.md). Here one warpgroup runs
    the series form: O (64 x 256 fp32: 128 registers), S (64 x 128: 64), P (16-bit A fragments:
    32), the online softmax with its row max and sums, under setmaxnreg 240 as two consumers
    beside a 24-register producer would get. A compile-time question: read ptxas's spill line

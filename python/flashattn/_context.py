@@ -70,9 +70,10 @@ def set_options(threads=None, strict=None, algo=None, device_checks=None):
     with _settings_lock:
         old = dict(_settings)
         if threads is not None:
-            if int(threads) < 0:
+            threads = _lib.c_int(threads, "threads", 32)  # an int in C: no silent wrap
+            if threads < 0:
                 raise ValueError(f"threads = {threads}, must be >= 0")
-            _settings["threads"] = int(threads)
+            _settings["threads"] = threads
         if strict is not None:
             _settings["strict"] = bool(strict)
         if algo is not None:

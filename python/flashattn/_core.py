@@ -38,11 +38,14 @@ class Options:
             if softmax_scale == 0.0:
                 raise ValueError("softmax_scale = 0 is not supported (the library reads 0 as "
                                  "'use the default 1/sqrt(head_dim)'); pass None for the default")
+            softmax_scale = _lib.c_float(softmax_scale, "softmax_scale")
         try:
             left, right = (int(w) for w in window_size)
         except (TypeError, ValueError):
             raise ValueError(f"window_size = {window_size!r}, expected (left, right) integers, "
                              f"-1 for unbounded") from None
+        left = _lib.c_int(left, "window_size[0]")
+        right = _lib.c_int(right, "window_size[1]")
         if causal and right > 0:
             right = 0  # flash_attn: causal wins over the window's right side
         if (cu_seqlens_q is None) != (cu_seqlens_k is None):
@@ -50,12 +53,12 @@ class Options:
         self.softmax_scale = softmax_scale
         self.causal = bool(causal)
         self.window = (left, right)
-        self.softcap = float(softcap)
+        self.softcap = _lib.c_float(softcap, "softcap")
         self.alibi_slopes = alibi_slopes
         self.cu_seqlens_q = cu_seqlens_q
         self.cu_seqlens_k = cu_seqlens_k
-        self.max_seqlen_q = 0 if max_seqlen_q is None else int(max_seqlen_q)
-        self.max_seqlen_k = 0 if max_seqlen_k is None else int(max_seqlen_k)
+        self.max_seqlen_q = 0 if max_seqlen_q is None else _lib.c_int(max_seqlen_q, "max_seqlen_q")
+        self.max_seqlen_k = 0 if max_seqlen_k is None else _lib.c_int(max_seqlen_k, "max_seqlen_k")
         self.deterministic = bool(deterministic)
 
     def ext_scalars(self):
@@ -68,6 +71,15 @@ class Options:
 
     def scale_for(self, head_dim):
         return self.softmax_scale if self.softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+
+
+def _require(fn, **arrays):
+    """A clear error for a required array passed as None (not an AttributeError further on)."""
+    for name, x in arrays.items():
+        if x is None:
+            hint = (" (the forward's log-sum-exp: attention_forward returns it with "
+                    "return_lse=True)" if name == "softmax_lse" else "")
+            raise ValueError(f"{fn}: {name} is None; it is required{hint}")
 
 
 def _check_ndim(opts, **tensors):
@@ -115,7 +127,7 @@ class _Bound:
     arrays it points into (kept alive here for the duration of the call)."""
 
     def __init__(self, ops, opts, q, backward):
-        self.params = _lib.lib().fa_params_default()
+        self.params = _lib.Params.default()
         p = self.params
         p.softmax_scale = opts.softmax_scale or 0.0
         p.causal = int(opts.causal)
@@ -173,6 +185,7 @@ def attention_forward(q, k, v, softmax_scale=None, causal=False, window_size=(-1
     (batch, nheads, seqlen_q) or, varlen, (nheads, total_q) (None when return_lse is False).
     Rows that see no key get out = 0 and lse = -inf.
     """
+    _require("attention_forward", q=q, k=k, v=v)
     opts = _opts or Options(softmax_scale, causal, window_size, softcap, alibi_slopes,
                             cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     ext = _native.ext
@@ -230,6 +243,7 @@ def attention_backward(dout, q, k, v, out, softmax_lse, softmax_scale=None, caus
     may share memory with each other, as views of one packed dqkv do).
     deterministic  asks for run-to-run identical gradients (the CPU backend always is).
     """
+    _require("attention_backward", dout=dout, q=q, k=k, v=v, out=out, softmax_lse=softmax_lse)
     opts = _opts or Options(softmax_scale, causal, window_size, softcap, alibi_slopes,
                             cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, deterministic)
     ext = _native.ext

@@ -64,6 +64,9 @@ def kvcache_forward(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
     """fa_fwd_kvcache on numpy arrays or torch tensors; see flash_attn_with_kvcache.
     Returns (out, softmax_lse or None)."""
     opts = _opts
+    num_splits = _lib.c_int(num_splits, "num_splits", 32)  # an int in C: no silent wrap
+    if _is_int_scalar(cache_seqlens):
+        cache_seqlens = _lib.c_int(cache_seqlens, "cache_seqlens", 32)
     ext = _native.ext
     if ext is not None and cache_batch_idx is None:
         r = ext.fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, None, None,
@@ -77,7 +80,6 @@ def kvcache_forward(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
                          f"{'v' if k is not None else 'k'} is not: an append needs both")
     ops = ops_for(q, k_cache, v_cache, k, v)
     _check_4d(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v)
-    num_splits = int(num_splits)
     batch = q.shape[0]
     append = k is not None and k.shape[1] > 0
     if k is not None and not append:
@@ -139,7 +141,8 @@ def kvcache_forward(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
                 raise ValueError("k/v are appended at cache_seqlens: pass cache_seqlens (the "
                                  "tokens already in the cache of each sequence)")
             capacity = k_cache.shape[1] * (table.shape[1] if block_table is not None else 1)
-            seqlens = ops.full((batch,), q, capacity, "int32")
+            seqlens = ops.full((batch,), q, _lib.c_int(capacity, "the cache's capacity", 32),
+                               "int32")
         elif _is_int_scalar(cache_seqlens):
             seqlens = ops.full((batch,), q, int(cache_seqlens), "int32")
         else:

@@ -33,6 +33,7 @@ STATUS_NAMES = {
     14: "FA_ERR_WORKSPACE",
     15: "FA_ERR_CUDA",
     16: "FA_ERR_INTERNAL",
+    17: "FA_ERR_BUSY",
 }
 globals().update({name: code for code, name in STATUS_NAMES.items()})
 
@@ -40,12 +41,44 @@ globals().update({name: code for code, name in STATUS_NAMES.items()})
 # which is also a ValueError); the rest are conditions of the machine or the build.
 ARGUMENT_STATUSES = frozenset(range(1, 11))
 
+# ---- integers crossing into C ----
+
+def c_int(value, name, bits=64):
+    """value as a Python int that a signed C integer of `bits` bits holds exactly.
+
+    ctypes (and a C cast) would keep only the low bits of a larger value, so 2**64 - 1 would
+    arrive as -1 ("unbounded") and 2**70 as 0: out of range is an OverflowError naming the
+    argument instead. Non-integers are a TypeError."""
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} = {value!r}: expected an integer") from None
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    if not lo <= v <= hi:
+        raise OverflowError(f"{name} = {v} is outside the {bits}-bit signed integer range "
+                            f"[{lo}, {hi}] that the library takes")
+    return v
+
+
+def c_float(value, name):
+    """value as a float that rounds to a nonzero fp32 when it is nonzero: the library reads 0
+    as "off" / "the default", so a tiny value must not silently become one."""
+    v = float(value)
+    # fp32 rounds |v| <= 2^-150 (half its least subnormal, ties to even) to 0; plain arithmetic
+    # so that torch.compile traces it
+    if v != 0.0 and abs(v) <= 2.0**-150:
+        raise ValueError(f"{name} = {v!r} rounds to 0 in float32, which the library reads as "
+                         f"the default / off")
+    return v
+
+
 # ---- enums ----
 
 DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_F8_E4M3, DTYPE_F64 = 0, 1, 2, 3, 4
 DEVICE_CPU, DEVICE_CUDA = 0, 1
 BACKEND_AUTO, BACKEND_CPU, BACKEND_CUDA = 0, 1, 2
 ALGOS = {"auto": 0, "naive": 1, "plain": 2}
+PARAMS_VERSION = 1  # FA_PARAMS_VERSION of the header that Params mirrors
 
 
 class Tensor(ctypes.Structure):
@@ -61,13 +94,16 @@ class Tensor(ctypes.Structure):
 
 
 class Params(ctypes.Structure):
-    """fa_params, followed by room for fields a newer library may append.
+    """fa_params, version PARAMS_VERSION of the header (FA_PARAMS_VERSION).
 
-    The header promises that new fields go at the end and are initialised by
-    fa_params_default(); the padding keeps a newer library's larger struct (returned by value
-    and read through our pointer) inside memory we own, with its defaults intact.
+    fa_params_default() is inline in the header, so the library exports no initialiser: the
+    defaults are set here. struct_size and version say which fields this mirror has; the
+    library refuses (FA_ERR_INVALID_ARGUMENT) a version it does not know or a size that is
+    not that version's, so a mirror that drifts from the header fails loudly.
     """
     _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("version", ctypes.c_uint32),
         ("softmax_scale", ctypes.c_float),
         ("causal", ctypes.c_int),
         ("window_left", ctypes.c_int64),
@@ -81,8 +117,13 @@ class Params(ctypes.Structure):
         ("max_seqlen_q", ctypes.c_int64),
         ("max_seqlen_k", ctypes.c_int64),
         ("deterministic", ctypes.c_int),
-        ("_reserved", ctypes.c_uint8 * 512),
     ]
+
+    @classmethod
+    def default(cls):
+        """What fa_params_default() returns: no mask, no window, scale 1/sqrt(d)."""
+        return cls(struct_size=ctypes.sizeof(cls), version=PARAMS_VERSION, window_left=-1,
+                   window_right=-1)
 
 
 class Selection(ctypes.Structure):
@@ -122,7 +163,6 @@ _PROTOTYPES = {
     # name: (restype, argtypes)
     "fa_status_string": (ctypes.c_char_p, [ctypes.c_int]),
     "fa_version": (ctypes.c_char_p, []),
-    "fa_params_default": (Params, []),
     "fa_context_create": (ctypes.c_int, [_P(_vp), ctypes.c_int]),
     "fa_context_destroy": (None, [_vp]),
     "fa_context_set_threads": (ctypes.c_int, [_vp, ctypes.c_int]),

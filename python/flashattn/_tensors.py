@@ -237,6 +237,14 @@ class TorchOps:
             x = _torch.as_tensor(a)
         elif dtype == "int32" and (x.is_floating_point() or x.is_complex()):
             raise TypeError(f"{name} must hold integers, got dtype {x.dtype}")
+        if (dtype == "int32" and x.dtype != dt and x.numel()
+                and not (x.is_cuda and _torch.cuda.is_current_stream_capturing())):
+            # .to(int32) keeps the low 32 bits: a wider value must not wrap silently (on a GPU
+            # this reads two values back; not possible while a CUDA graph is captured)
+            lo, hi = int(x.min()), int(x.max())
+            if lo < -2**31 or hi >= 2**31:
+                raise OverflowError(f"{name} holds {lo if lo < -2**31 else hi}, which does not "
+                                    f"fit in int32")
         return x.detach().to(device=like.device, dtype=dt).contiguous()
 
     @staticmethod

@@ -14,6 +14,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <string.h>
@@ -175,14 +176,37 @@ typedef struct opts {
     int want_lse;
 } opts;
 
-static int as_int64(PyObject *o, int64_t *v, const char *name) {
-    long long x = PyLong_AsLongLong(o);
-    if (x == -1 && PyErr_Occurred()) {
-        PyErr_Format(PyExc_TypeError, "%s must be an integer", name);
+/* An integer argument into a C integer of `bits` bits: out of range is an OverflowError naming
+   it (a cast would keep the low bits: 2^64 - 1 would become -1, "unbounded"), a non-integer a
+   TypeError. */
+static int as_int_bits(PyObject *o, int64_t *v, const char *name, int bits) {
+    PyObject *n = PyNumber_Index(o); /* ints and numpy integers */
+    if (!n) {
+        PyErr_Format(PyExc_TypeError, "%s = %R: expected an integer", name, o);
         return -1;
     }
+    int overflow;
+    const long long x = PyLong_AsLongLongAndOverflow(n, &overflow);
+    if (x == -1 && PyErr_Occurred()) {
+        Py_DECREF(n);
+        return -1;
+    }
+    const long long hi = bits == 64 ? LLONG_MAX : (1LL << (bits - 1)) - 1, lo = -hi - 1;
+    if (overflow || x < lo || x > hi) {
+        PyErr_Format(PyExc_OverflowError,
+                     "%s = %R is outside the %d-bit signed integer range [%lld, %lld] that the "
+                     "library takes",
+                     name, n, bits, lo, hi);
+        Py_DECREF(n);
+        return -1;
+    }
+    Py_DECREF(n);
     *v = x;
     return 0;
+}
+
+static int as_int64(PyObject *o, int64_t *v, const char *name) {
+    return as_int_bits(o, v, name, 64);
 }
 
 /* softmax_scale (None or > 0), causal, window_size (left, right), softcap. */
@@ -198,6 +222,13 @@ static int read_options(PyObject *const *a, fa_params *p) {
             return -1;
         }
         p->softmax_scale = (float)s;
+        if (p->softmax_scale == 0.0f) { /* 0 would read as the default */
+            PyErr_Format(PyExc_ValueError,
+                         "softmax_scale = %R rounds to 0 in float32, which the library reads as "
+                         "the default / off",
+                         a[0]);
+            return -1;
+        }
     }
     int causal = PyObject_IsTrue(a[1]);
     if (causal < 0) return -1;
@@ -218,6 +249,13 @@ static int read_options(PyObject *const *a, fa_params *p) {
     double cap = PyFloat_AsDouble(a[3]);
     if (cap == -1.0 && PyErr_Occurred()) return -1;
     p->softcap = (float)cap;
+    if (cap != 0.0 && p->softcap == 0.0f) { /* 0 would read as "off" */
+        PyErr_Format(PyExc_ValueError,
+                     "softcap = %R rounds to 0 in float32, which the library reads as the "
+                     "default / off",
+                     a[3]);
+        return -1;
+    }
     return 0;
 }
 
@@ -319,8 +357,8 @@ static PyObject *ext_fwd(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     int64_t lshape[3];
     int lnd;
     lse_shape_of(&q, varlen, lshape, &lnd);
-    if ((r = ext_output(&call, a[3], "out", a[0], q.shape, nd, 0, 0, &o))) goto done;
-    if (want_lse && (r = ext_output(&call, a[4], "softmax_lse", a[0], lshape, lnd, 1, 1, &l)))
+    if ((r = ext_output(&call, a[3], "out", a[0], &q, q.shape, nd, 0, 0, &o))) goto done;
+    if (want_lse && (r = ext_output(&call, a[4], "softmax_lse", a[0], &q, lshape, lnd, 1, 1, &l)))
         goto done;
     if (varlen && (r = read_varlen(&call, a + 11, &p))) goto done;
     if (a[10] != Py_None &&
@@ -365,9 +403,9 @@ static PyObject *ext_bwd(PyObject *self, PyObject *const *a, Py_ssize_t n) {
         (r = ext_input(&call, a[4], "out", nd, 1, &o)) ||
         (r = ext_input(&call, a[5], "softmax_lse", varlen ? 2 : 3, 0, &lse)))
         goto done;
-    if ((r = ext_output(&call, a[6], "dq", a[1], q.shape, nd, 0, 0, &dq)) ||
-        (r = ext_output(&call, a[7], "dk", a[2], k.shape, nd, 0, 1, &dk)) ||
-        (r = ext_output(&call, a[8], "dv", a[3], v.shape, nd, 0, 2, &dv)))
+    if ((r = ext_output(&call, a[6], "dq", a[1], &q, q.shape, nd, 0, 0, &dq)) ||
+        (r = ext_output(&call, a[7], "dk", a[2], &k, k.shape, nd, 0, 1, &dk)) ||
+        (r = ext_output(&call, a[8], "dv", a[3], &v, v.shape, nd, 0, 2, &dv)))
         goto done;
     if (varlen && (r = read_varlen(&call, a + 14, &p))) goto done;
     if (a[13] != Py_None &&
@@ -402,11 +440,11 @@ static PyObject *ext_fwd_kvcache(PyObject *self, PyObject *const *a, Py_ssize_t 
     memset(&cache, 0, sizeof cache);
     const int append = a[3] != Py_None;
     int r, want_lse;
-    long splits;
+    int64_t splits;
     if (append != (a[4] != Py_None) || a[5] == Py_None) return Py_NewRef(Py_NotImplemented);
     if ((r = ext_kind_of(&call, a, 5))) goto done;
     if (read_options(a + 10, &p)) goto fail;
-    if ((splits = PyLong_AsLong(a[15])) == -1 && PyErr_Occurred()) goto fail;
+    if (as_int_bits(a[15], &splits, "num_splits", 32)) goto fail; /* an int in C */
     if ((r = ext_input(&call, a[0], "q", 4, 1, &q))) goto done;
     if (append) {
         if ((r = ext_inplace(&call, a[1], "k_cache", 4, &cache.k)) ||
@@ -436,8 +474,8 @@ static PyObject *ext_fwd_kvcache(PyObject *self, PyObject *const *a, Py_ssize_t 
     }
     want_lse = a[8] != Py_None || PyObject_IsTrue(a[9]);
     const int64_t lshape[3] = {batch, q.shape[2], q.shape[1]};
-    if ((r = ext_output(&call, a[7], "out", a[0], q.shape, 4, 0, 0, &o))) goto done;
-    if (want_lse && (r = ext_output(&call, a[8], "softmax_lse", a[0], lshape, 3, 1, 1, &l)))
+    if ((r = ext_output(&call, a[7], "out", a[0], &q, q.shape, 4, 0, 0, &o))) goto done;
+    if (want_lse && (r = ext_output(&call, a[8], "softmax_lse", a[0], &q, lshape, 3, 1, 1, &l)))
         goto done;
     if (a[14] != Py_None && (r = ext_alibi(&call, a[14], batch, q.shape[2], &p))) goto done;
     EXT_RUN(call, r, c,
@@ -472,8 +510,8 @@ static PyObject *ext_merge(PyObject *self, PyObject *const *a, Py_ssize_t n) {
         if (parts[0].ndim < 3) { r = EXT_DECLINE; goto done; }
         if ((r = ext_input(&call, lp, "lse_parts[s]", parts[0].ndim - 1, 0, &lses[i]))) goto done;
     }
-    if ((r = ext_output(&call, a[2], "out", a[2], parts[0].shape, parts[0].ndim, 0, 0, &o)) ||
-        (r = ext_output(&call, a[3], "softmax_lse", a[3], lses[0].shape, lses[0].ndim, 1, 1, &l)))
+    if ((r = ext_output(&call, a[2], "out", a[2], NULL, parts[0].shape, parts[0].ndim, 0, 0, &o)) ||
+        (r = ext_output(&call, a[3], "softmax_lse", a[3], NULL, lses[0].shape, lses[0].ndim, 1, 1, &l)))
         goto done;
     EXT_RUN(call, r, c, fa_merge_attn(c, (int)np, parts, lses, &o, &l));
 done:
@@ -487,9 +525,10 @@ done:
 static PyObject *ext_set_options(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     (void)self;
     NARGS("set_options", 4);
-    long v[4];
+    static const char *const names[4] = {"threads", "strict", "algo", "device_checks"};
+    int64_t v[4];
     for (int i = 0; i < 4; i++)
-        if ((v[i] = PyLong_AsLong(a[i])) == -1 && PyErr_Occurred()) return NULL;
+        if (as_int_bits(a[i], &v[i], names[i], 32)) return NULL; /* ints in C */
     S.threads = (int)v[0], S.strict = (int)v[1], S.algo = (int)v[2], S.device_checks = (int)v[3];
     S.generation++;
     Py_RETURN_NONE;
@@ -591,7 +630,8 @@ static PyObject *ext_bind_torch(PyObject *self, PyObject *torch) {
     int bad = get_attr(torch, "Tensor", &G.tensor_type) || get_attr(torch, "float32", &G.dt_f32) ||
               get_attr(torch, "float16", &G.dt_f16) || get_attr(torch, "bfloat16", &G.dt_bf16) ||
               get_attr(torch, "float64", &G.dt_f64) || get_attr(torch, "int32", &G.dt_i32) ||
-              get_attr(torch, "is_grad_enabled", &G.grad_enabled);
+              get_attr(torch, "is_grad_enabled", &G.grad_enabled) ||
+              get_attr(torch, "empty_like", &G.empty_like);
     if (!bad && PyObject_HasAttrString(C, "_cuda_getCurrentRawStream"))
         bad = get_attr(C, "_cuda_getCurrentRawStream", &G.raw_stream) ||
               get_attr(C, "_cuda_cudaCachingAllocator_raw_alloc", &G.raw_alloc) ||

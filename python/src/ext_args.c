@@ -30,9 +30,15 @@ int ext_args_init(void) {
     return 0;
 }
 
+/* Only the counters and scalars: the keep and buffer arrays (12 KB) are filled before they
+   are read, and clearing them was a share of the call's host time (perf python_door P3). */
 void ext_call_init(ext_call *c) {
-    memset(c, 0, sizeof *c);
+    c->kind = 0;
     c->device = -1;
+    c->first = NULL;
+    c->nkeep = c->nbuf = 0;
+    c->out[0] = c->out[1] = c->out[2] = NULL;
+    c->index_len[0] = c->index_len[1] = 0;
 }
 
 void ext_call_release(ext_call *c) {
@@ -58,6 +64,16 @@ static int is_torch(PyObject *x) {
 
 static int is_numpy(PyObject *x) {
     return G.ndarray_type && PyObject_TypeCheck(x, (PyTypeObject *)G.ndarray_type);
+}
+
+/* Contiguous strides for t's shape, dimensions of size 0 or 1 counted as 1: what a tensor
+   with no element is given (its strides mean nothing), and what a new contiguous one has. */
+static void contiguous_strides(fa_tensor *t) {
+    int64_t acc = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        t->stride[i] = acc;
+        acc *= t->shape[i] > 1 ? t->shape[i] : 1;
+    }
 }
 
 /* ---- torch ---- */
@@ -295,11 +311,7 @@ static int torch_view(ext_call *c, PyObject *x, const char *name, int copy_ok, i
             need_copy = 1;
     }
     if (empty) { /* no element: strides mean nothing; give the library contiguous ones */
-        int64_t acc = 1;
-        for (int i = t->ndim - 1; i >= 0; i--) {
-            t->stride[i] = acc;
-            acc *= t->shape[i] > 1 ? t->shape[i] : 1;
-        }
+        contiguous_strides(t);
         return 0;
     }
     if (need_copy) {
@@ -325,11 +337,7 @@ static int view_of(ext_call *c, PyObject *x, const char *name, int copy_ok, int 
     /* numpy copies (byte order, negative strides, ...) stay in the Python layer */
     for (int i = 0; i < t->ndim; i++)
         if (t->shape[i] == 0) { /* no element: contiguous strides, as for torch */
-            int64_t acc = 1;
-            for (int j = t->ndim - 1; j >= 0; j--) {
-                t->stride[j] = acc;
-                acc *= t->shape[j] > 1 ? t->shape[j] : 1;
-            }
+            contiguous_strides(t);
             return 0;
         }
     for (int i = 0; i < t->ndim; i++) {
@@ -412,8 +420,69 @@ static PyObject *new_array(ext_call *c, PyObject *like_obj, const int64_t *shape
     return r;
 }
 
+/* Strides (read when !contiguous, else computed) and pointer of a torch tensor this call just
+   made, whose shape, dtype and device it knows: two attribute reads instead of six. 1 when the
+   strides are not what an output needs (last dimension contiguous). */
+static int fresh_layout(PyObject *y, int contiguous, fa_tensor *t) {
+    int empty = 0;
+    for (int i = 0; i < t->ndim; i++) empty |= t->shape[i] == 0;
+    if (contiguous || empty) {
+        contiguous_strides(t);
+    } else {
+        PyObject *stride = PyObject_CallMethodNoArgs(y, s_stride);
+        if (!stride) return -1;
+        int bad = !PyTuple_Check(stride) || PyTuple_GET_SIZE(stride) != t->ndim;
+        for (int i = 0; !bad && i < t->ndim; i++) {
+            t->stride[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(stride, i));
+            if (t->shape[i] > 1 && (t->stride[i] <= 0 || (i == t->ndim - 1 && t->stride[i] != 1)))
+                bad = 1;
+        }
+        Py_DECREF(stride);
+        if (PyErr_Occurred()) return -1;
+        if (bad) return 1;
+    }
+    for (int i = 0; i < t->ndim; i++)
+        if (t->shape[i] == 1) t->stride[i] = 1;
+    PyObject *ptr = PyObject_CallMethodNoArgs(y, s_data_ptr);
+    if (!ptr) return -1;
+    t->data = PyLong_AsVoidPtr(ptr);
+    Py_DECREF(ptr);
+    if (PyErr_Occurred()) return -1;
+    return (uintptr_t)t->data % fa_dtype_size(t->dtype) ? 1 : 0;
+}
+
+/* A new torch output of like's dtype (f32: an LSE, fp32 or fp64 beside fp64) and device: where
+   it has like's shape, empty_like(like), strided as like is (flash_attn's choice for out and
+   the gradients); else, or when those strides would not do, like.new_empty(shape). */
+static int torch_output(ext_call *c, PyObject *like_obj, const fa_tensor *like,
+                        const int64_t *shape, int nd, int f32, int slot, fa_tensor *t) {
+    t->ndim = nd;
+    for (int i = 0; i < nd; i++) t->shape[i] = shape[i];
+    t->dtype = !f32 ? like->dtype : like->dtype == FA_DTYPE_F64 ? FA_DTYPE_F64 : FA_DTYPE_F32;
+    t->device = like->device;
+    int same = !f32 && G.empty_like && like->ndim == nd;
+    for (int i = 0; same && i < nd; i++) same = like->shape[i] == shape[i];
+    if (same) {
+        PyObject *y = PyObject_CallOneArg(G.empty_like, like_obj);
+        if (!y || keep(c, y)) return -1;
+        const int r = fresh_layout(y, 0, t);
+        if (r <= 0) {
+            c->out[slot] = y;
+            return r;
+        }
+    }
+    PyObject *y = new_array(c, like_obj, shape, nd, f32);
+    if (!y || keep(c, y)) return -1;
+    c->out[slot] = y;
+    const int r = fresh_layout(y, 1, t);
+    return r > 0 ? EXT_DECLINE : r;
+}
+
 int ext_output(ext_call *c, PyObject *x, const char *name, PyObject *like_obj,
-               const int64_t *shape, int nd, int f32, int slot, fa_tensor *t) {
+               const fa_tensor *like, const int64_t *shape, int nd, int f32, int slot,
+               fa_tensor *t) {
+    if (x == Py_None && like && c->kind == EXT_TORCH)
+        return torch_output(c, like_obj, like, shape, nd, f32, slot, t);
     if (x == Py_None) {
         PyObject *y = new_array(c, like_obj, shape, nd, f32);
         if (!y || keep(c, y)) return -1;

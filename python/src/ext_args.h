@@ -24,7 +24,7 @@ typedef struct ext_globals {
     PyObject *tensor_type, *ndarray_type;                 /* NULL while unbound */
     PyObject *dt_f32, *dt_f16, *dt_bf16, *dt_f64, *dt_i32; /* torch dtypes */
     PyObject *raw_stream, *raw_alloc, *raw_delete;         /* torch._C CUDA entry points */
-    PyObject *grad_enabled;                                /* torch.is_grad_enabled */
+    PyObject *grad_enabled, *empty_like;                   /* torch.is_grad_enabled, ... */
     PyObject *np_empty, *np_f32, *np_f64;                  /* numpy.empty and dtypes */
     PyObject *error, *arg_error;                           /* FlashAttnError, ...ArgumentError */
 } ext_globals;
@@ -62,11 +62,14 @@ int ext_needs_grad(PyObject *const *xs, int n);
 int ext_input(ext_call *c, PyObject *x, const char *name, int nd, int last_unit, fa_tensor *t);
 /* An input written in place (a KV cache being appended to): never copied. */
 int ext_inplace(ext_call *c, PyObject *x, const char *name, int nd, fa_tensor *t);
-/* An output: x itself (written as it is), or with x None a new contiguous array of `shape`
-   like `like_obj` (with f32, an LSE: fp32, or fp64 when like_obj is fp64), kept in
-   c->out[slot]. */
+/* An output: x itself (written as it is), or with x None a new array of `shape` like
+   `like_obj` (with f32, an LSE: fp32, or fp64 when like_obj is fp64), kept in c->out[slot].
+   With `like` (like_obj's view, torch only) an output of like's shape is strided as like_obj
+   (torch.empty_like, as flash_attn does), and the new tensor's known facts are not read back;
+   else it is contiguous. */
 int ext_output(ext_call *c, PyObject *x, const char *name, PyObject *like_obj,
-               const int64_t *shape, int nd, int f32, int slot, fa_tensor *t);
+               const fa_tensor *like, const int64_t *shape, int nd, int f32, int slot,
+               fa_tensor *t);
 /* ALiBi slopes: fp32, contiguous, (heads_q,) or (batch, heads_q), on the call's device. */
 int ext_alibi(ext_call *c, PyObject *x, int64_t batch, int64_t heads_q, fa_params *p);
 /* An int32 index array of nd dimensions, contiguous rows, on the call's device; its length

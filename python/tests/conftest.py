@@ -1,5 +1,5 @@
-"""Seeds: every run draws fresh random inputs (DESIGN.md), from FLASHATTN_TEST_SEED when set,
-so that a failure can be replayed: each assertion message quotes the seed.
+"""Seeds: every run draws fresh random inputs (docs/architecture.md), from FLASHATTN_TEST_SEED
+when set, so that a failure can be replayed: each assertion message quotes the seed.
 
 Which package: the tests exercise the installed flashattn (tests/run.sh, as `make test` runs
 them), not the source tree; the report header says which copy, extension and library were

@@ -7,8 +7,9 @@ and its gradients, in one of two precisions:
   prec=P      a plain implementation in P (float32, float16 or bfloat16): every matmul in
               fp32 with its result rounded to P, softmax and elementwise steps in fp32. Its
               error against the reference is the yardstick of the correctness rule.
-check_rule() applies DESIGN.md's rule: the library's max and mean error against the reference
-may be at most 2x the plain implementation's, plus a slack of a few roundings of P.
+check_rule() applies the correctness rule (docs/architecture.md): the library's max and mean
+error against the reference may be at most 2x the plain implementation's, plus a slack of a few
+roundings of P.
 """
 
 import numpy as np
@@ -195,7 +196,8 @@ def errors(x, ref):
 
 
 def check_rule(name, got, base, ref, prec, extra=0.0, seed=None):
-    """Asserts DESIGN.md's rule for one output; returns the margin (error / allowed)."""
+    """Asserts the correctness rule (docs/architecture.md) for one output; returns the margin
+    (error / allowed)."""
     k_max, k_mean, k_bad = errors(got, ref)
     b_max, b_mean, b_bad = errors(base, ref)
     ref_max = float(np.max(np.abs(ref[np.isfinite(ref)]), initial=0.0))

@@ -1,5 +1,5 @@
-"""Library lookup, the selection record, settings, per-thread contexts, strides, zero-size
-inputs and the README examples."""
+"""Library lookup, the selection record, settings, per-thread contexts, strides and zero-size
+inputs (the README examples: test_readme.py)."""
 
 import os
 import pathlib
@@ -168,16 +168,3 @@ def test_zero_size_inputs():
     out, lse, _ = flashattn.flash_attn_varlen_func(qv, kv, kv, [0, 4], [0, 0], 4, 0,
                                                    return_attn_probs=True)
     assert (out == 0).all() and lse.shape == (2, 4) and np.isneginf(lse).all()
-
-
-def _readme_blocks():
-    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()  # python/
-    return re.findall(r"```python\n(.*?)```", text, re.S)
-
-
-@pytest.mark.parametrize("i", range(len(_readme_blocks())))
-def test_readme_example(i):
-    code = _readme_blocks()[i]
-    if "import torch" in code:
-        pytest.importorskip("torch")
-    exec(compile(code, f"README.md block {i}", "exec"), {})

@@ -1,6 +1,7 @@
 """torch CUDA tensors on a GPU (runs on the device; skips elsewhere): forward and backward
-through autograd under DESIGN.md's rule, with torch's scaled_dot_product_attention in float64
-as the reference and a plain implementation in the tensors' precision as the baseline.
+through autograd under the correctness rule (docs/architecture.md), with torch's
+scaled_dot_product_attention in float64 as the reference and a plain implementation in the
+tensors' precision as the baseline.
 Also: the current stream is honoured, and a library without the CUDA backend says so."""
 
 import numpy as np

@@ -138,6 +138,25 @@ def test_strides_pass_through_and_last_dim_copy(rng):
     assert k.grad.shape == k.shape and torch.isfinite(k.grad).all()
 
 
+def test_output_strided_like_q(rng):
+    """out is empty_like(q), as flash_attn allocates it: a permuted q gives a permuted out; a q
+    whose last dimension is strided gives a contiguous one; values as from contiguous inputs."""
+    x = torch.from_numpy(randn(rng, (2, 4, 10, 16), F32))
+    q = x.transpose(1, 2)                                    # (b, s, h, d) over (b, h, s, d)
+    k, v = (torch.from_numpy(randn(rng, (2, 10, 4, 16), F32)) for _ in range(2))
+    with torch.no_grad():
+        out = flashattn.flash_attn_func(q, k, v, causal=True)
+        ref = flashattn.flash_attn_func(q.contiguous(), k, v, causal=True)
+        assert out.stride() == q.stride() and ref.is_contiguous()
+        torch.testing.assert_close(out, ref, rtol=0, atol=0)
+        q2 = torch.from_numpy(randn(rng, (2, 16, 4, 10), F32)).permute(0, 3, 2, 1)
+        assert q2.stride(-1) != 1
+        out2 = flashattn.flash_attn_func(q2, k, v)
+        assert out2.is_contiguous()
+        torch.testing.assert_close(out2, flashattn.flash_attn_func(q2.contiguous(), k, v),
+                                   rtol=0, atol=0)
+
+
 def test_no_grad_and_inference_mode(rng):
     q, k, v = (torch.from_numpy(randn(rng, (1, 6, 2, 8), F32)).requires_grad_() for _ in range(3))
     with torch.no_grad():

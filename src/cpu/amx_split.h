@@ -8,7 +8,7 @@
  *
  * each exact in tdpbf16ps's fp32 accumulation (8 x 8 significant bits); the three dropped,
  * mid*lo, lo*mid, lo*lo, are below 2^-23 |x y| (cuBLAS calls this BF16x9 emulation; six of the
- * nine products suffice, as measured under the 2x rule: bench/NOTES.md).
+ * nine products suffice under the 2x rule: cpu.md).
  *
  * The parts come from integer masks and adds, no conversions (the VNNI pair of two values is
  * then a shift and a word blend, no permute): hi = the top 16 bits of x (sign, exponent, 7
@@ -19,9 +19,8 @@
  * mid must round: then lo has a random sign, and every dropped product (mid*lo, lo*mid,
  * lo*lo) has a lo factor, so their errors cancel along a dot product. Truncated, lo would
  * have the sign of x, the dropped products the sign of the product, a bias that adds up
- * (measured on dot products of length 8: 1.24x plain fp32's mean error with mid truncated,
- * 0.69x rounded; bench/NOTES.md). Parts below 2^-126 are subnormal in bf16, which AMX reads
- * as zero: values under ~2^-110 lose their lo part (see bench/NOTES.md for when that shows),
+ * (cpu.md). Parts below 2^-126 are subnormal in bf16, which AMX reads as zero: values under
+ * ~2^-110 lose their lo part (cpu.md says when that shows),
  * hence split_scale for the operands whose size the attention does not fix (V, dO).
  */
 #ifndef FA_CPU_AMX_SPLIT_H
@@ -157,7 +156,7 @@ FA_TM_INLINE void split_store_pairs(uint32_t *dst, size_t pstride, __m512 e0, __
  * two row tiles at a + k * apart and + a1 (bytes), row stride as; B part k's two column tiles
  * at b + k * bpart and + 64, row stride bs. Seven operand loads for six products, not twelve:
  * each part is loaded once and meets its partners while it is held (tile loads from L2, where
- * three parts of an operand live, bounded the first version: bench/NOTES.md).
+ * three parts of an operand live, bounded the first version: cpu.md).
  *
  * The order is fixed, element by element, because a backward must recompute the forward's
  * scores bit for bit (its P = exp(s - LSE) is consistent only with the scores LSE came from):
@@ -214,13 +213,13 @@ FA_TM_INLINE void split_step(const char *a, size_t apart, size_t a1, size_t as, 
 /*
  * The split kernels run with MXCSR's flush-to-zero bit set (and the caller's MXCSR restored
  * after): exponentials of masked (-inf) and far-below-max scores underflow, and each such
- * vector took a microcode assist (the causal forward spent 11-15% of its time there:
- * bench/NOTES.md). What it flushes is below 2^-126 and so already lost to the split's parts
+ * vector took a microcode assist (cpu.md). What it flushes is below 2^-126 and so already
+ * lost to the split's parts
  * (AMX reads subnormal bf16 as zero); P below 2^-126 next to a row max near 1 is far below the
  * rule's absolute error. Not denormals-are-zero: with FTZ no result is subnormal, so only the
  * caller's inputs can be, and the fp32 kernels scale V (and the backward dO) up before
- * splitting them (split_scale), which DAZ would turn into zeros (V * 2^-120 has ~1% of its
- * values subnormal). Stores whose values are divided by such a scale run without FTZ (the
+ * splitting them (split_scale), which DAZ would turn into zeros (V * 2^-120 has subnormal
+ * values). Stores whose values are divided by such a scale run without FTZ (the
  * result is subnormal where plain fp32's is, and must round there, not flush).
  */
 FA_TM_INLINE unsigned split_mxcsr_enter(void) {

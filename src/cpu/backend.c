@@ -206,6 +206,31 @@ const fa_cpu_isa_ops *fa_cpu_isa_kv_level(const fa_cpu_isa_ops *isa) {
     return isa;
 }
 
+static _Thread_local struct {
+    int f32_amx, bwd_schedule;
+} tl_switches = {1, 0};
+
+/* The calling context's switches for the levels' tests and the schedule (isa.h). */
+static void use_switches(const fa_context *ctx) {
+    tl_switches.f32_amx = ctx->cpu_f32_amx;
+    tl_switches.bwd_schedule = ctx->cpu_bwd_schedule;
+}
+
+int fa_cpu_f32_amx_enabled(void) { return tl_switches.f32_amx; }
+int fa_cpu_bwd_schedule_forced(void) { return tl_switches.bwd_schedule; }
+
+/* Reads the CPU switches once per context. */
+static fa_status cpu_ctx_init(fa_context *ctx) {
+    const char *amx = getenv("FLASHATTN_CPU_F32_AMX");
+    ctx->cpu_f32_amx = !(amx && strcmp(amx, "0") == 0);
+    const char *sched = getenv("FLASHATTN_CPU_BWD_SCHEDULE");
+    ctx->cpu_bwd_schedule = !sched                         ? 0
+                            : strcmp(sched, "one-pass") == 0 ? 1
+                            : strcmp(sched, "two-pass") == 0 ? 2
+                                                             : 0;
+    return FA_OK;
+}
+
 /* The level for a call, or the failure that FLASHATTN_CPU_ISA asked for an impossible one. */
 static fa_status isa_for(fa_context *ctx, const char *fn, const fa_cpu_isa_ops **isa) {
     const char *why;
@@ -215,6 +240,7 @@ static fa_status isa_for(fa_context *ctx, const char *fn, const fa_cpu_isa_ops *
 }
 
 static fa_status cpu_fwd_workspace(fa_context *ctx, const fa_problem *p, size_t *bytes) {
+    use_switches(ctx);
     const fa_cpu_isa_ops *isa;
     *bytes = 0;
     if (ctx->algo != FA_ALGO_AUTO) return FA_OK;
@@ -224,6 +250,7 @@ static fa_status cpu_fwd_workspace(fa_context *ctx, const fa_problem *p, size_t 
 }
 
 static fa_status cpu_bwd_workspace(fa_context *ctx, const fa_problem *p, size_t *bytes) {
+    use_switches(ctx);
     const fa_cpu_isa_ops *isa;
     *bytes = 0;
     if (ctx->algo != FA_ALGO_AUTO) return FA_OK;
@@ -233,10 +260,6 @@ static fa_status cpu_bwd_workspace(fa_context *ctx, const fa_problem *p, size_t 
     return st;
 }
 
-int fa_cpu_f32_amx_enabled(void) {
-    const char *e = getenv("FLASHATTN_CPU_F32_AMX");
-    return !(e && strcmp(e, "0") == 0);
-}
 
 /* The level's name in a kernel's, with the method where the level names one (bwd: the
    backward's). */
@@ -256,6 +279,7 @@ static const char *tiled_name(char *buf, size_t len, const char *op, const char 
 }
 
 static fa_status cpu_fwd(fa_context *ctx, const fa_problem *p, void *ws, size_t ws_bytes) {
+    use_switches(ctx);
     int threads = fa_cpu_threads(ctx);
     char name[64];
     if (ctx->algo != FA_ALGO_AUTO) {
@@ -290,6 +314,7 @@ static fa_status cpu_fwd(fa_context *ctx, const fa_problem *p, void *ws, size_t 
 }
 
 static fa_status cpu_bwd(fa_context *ctx, const fa_problem *p, void *ws, size_t ws_bytes) {
+    use_switches(ctx);
     int threads = fa_cpu_threads(ctx);
     char name[64];
     if (ctx->algo != FA_ALGO_AUTO) {
@@ -418,7 +443,8 @@ static void cpu_ws_free(void *p, int device) {
     free(p);
 }
 
-/* Host memory and no device: no per-context state, device or stream capture. */
+/* Host memory and no device: no device or stream capture; per context only the switches
+   cpu_ctx_init reads. */
 const fa_backend_ops fa_cpu_backend = {
     .name = "cpu",
     .fwd_workspace = cpu_fwd_workspace,
@@ -430,6 +456,7 @@ const fa_backend_ops fa_cpu_backend = {
     .fwd_kvcache = cpu_fwd_kvcache,
     .fwd_kvcache_workspace = cpu_fwd_kvcache_workspace,
     .merge = cpu_merge,
+    .ctx_init = cpu_ctx_init,
 };
 
 /* ---- what `flashattn info` lists ---- */

@@ -39,10 +39,7 @@
  * are split (amx_split.h's split_scale: their parts under 2^-126 would read as zero, and
  * dO or V * 2^-120 lose their lo and mid parts); dP, D and dS then carry both factors, dV
  * dO's, and the stores divide them out (exactly: powers of two), without FTZ.
- *
- * Measured on a 2-core Sapphire Rapids (bench/cpu_vs_torch.py, B 1, H 8): 1.4-1.6 TFLOP/s at
- * d 128, 2.4-3.5x PyTorch's CPU SDPA backward in bf16, where the avx512 backward measured
- * 0.58-1.19x (bench/results/2026-11-23-cpu-4741eb8.md).
+ * Its speed against PyTorch's CPU backward: cpu.md.
  */
 #include <math.h>
 #include <string.h>
@@ -57,10 +54,8 @@
    of dp x BK floats each per product) are then read once per QG tiles. */
 #define QG 4
 /* The same for fp32 (parts 3): single tiles. The run's P and dS pairs (three parts each) and
-   its share of the query side then stay closest to L1: at d128, seqlen 2048 the backward took
-   223-228 ms (1 thread) with runs of 2, 237-239 with 4, 226 with 1, 261 with 8; since each
-   pair's dQ runs during the next pair's P and dS (tile_pair), 1 measured 2-4% faster than 2
-   (bench/NOTES.md). */
+   its share of the query side then stay closest to L1, which pays since each pair's dQ runs
+   during the next pair's P and dS (tile_pair; runs of 1, 2, 4 and 8 compared: cpu.md). */
 #define QG_SPLIT 1
 /* Key tiles that each run of query tiles meets while it is in cache: the query side of a
    work item (its packed operands and dQ, megabytes at long sequences) then streams through
@@ -193,7 +188,7 @@ static float row_dot(const void *o, const void *g, int d, int f32, float vmul, f
 
 /* A row of es-byte elements into L1 ahead of its use. Rows of one head lie a whole token
    apart (4 KiB at H 8, d 128 fp32: each on its own page), so the hardware prefetcher does not
-   fetch them ahead and each put_row / row_dot waited on its loads (bench/NOTES.md). */
+   fetch them ahead and each put_row / row_dot waited on its loads (cpu.md). */
 FA_TM_INLINE void prefetch_row(const void *row, int d, size_t es) {
     for (size_t x = 0; x < (size_t)d * es; x += 64)
         _mm_prefetch((const char *)row + x, _MM_HINT_T0);
@@ -396,7 +391,8 @@ FA_TM_INLINE void row_chunk(const bwd_bufs *B, int i, int j, int nk, float mul, 
     const float *s = B->s + (size_t)i * BK + j, *dp = B->dps + (size_t)i * BK + j;
     const int n = nk - j;
     const __mmask16 keep = n >= 16 ? (__mmask16)0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
-    fa_vf x = fa_vload(s) * fa_vset1(mul) - fa_vset1(lse); /* as fa_vexp_softmax_row */
+    /* as fa_vexp_softmax_row: clamped at 0, the score may exceed LSE by a rounding */
+    fa_vf x = fa_vclamp0(fa_vload(s) * fa_vset1(mul) - fa_vset1(lse));
     const __m512 pr = _mm512_maskz_mov_ps(keep, (__m512)fa_vexp_softmax(x));
     __m512 ds = _mm512_mul_ps(pr, _mm512_sub_ps(_mm512_loadu_ps(dp), _mm512_set1_ps(di)));
     if (cap) ds = _mm512_maskz_mul_ps(keep, ds, _mm512_loadu_ps(B->g + (size_t)i * BK + j));
@@ -528,7 +524,7 @@ static void tile_pair(const fa_problem *p, const bwd_bufs *B, const kt_bufs *K,
     build_job bj = {B->pp + slot, B->dsp + slot, dsr, B->lse + row0, B->dd + row0,
                     at->nq, nq32, at->nk, nk32, cap > 0, transform ? 1.0f : p->scale, 0};
     const dq_job mine = {B->dq + (size_t)row0 * dp, dsr, K->kp, nq32, nk32};
-    if (B->parts == 1) { /* bf16: measured 1.5% slower interleaved; built, then its dQ */
+    if (B->parts == 1) { /* bf16: slower interleaved (cpu.md); built, then its dQ */
         ds_times_keys(B, NULL, &bj, dp);
         ds_times_keys(B, &mine, NULL, dp);
         return;
@@ -729,8 +725,8 @@ void fa_cpu_amx_bwd(const fa_problem *p, void *ws, int threads) {
         float *mine = base + per_thread * (size_t)fa_tm_tid();
         /* the tile state is per thread: configure it in each one, release it after */
         _tile_loadconfig(&cfg);
-        /* no assists on underflowing exponentials (amx_split.h); bf16 too: its causal
-           backward ran 4-39% faster so (the bf16 forward did not change: left as it is) */
+        /* no assists on underflowing exponentials (amx_split.h); bf16 too, for its causal
+           backward (the bf16 forward gains nothing: left as it is; cpu.md) */
         const unsigned csr = split_mxcsr_enter();
 #pragma omp for schedule(dynamic)
         for (int64_t w = 0; w < items; w++)

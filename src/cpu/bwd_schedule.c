@@ -30,14 +30,12 @@ int fa_cpu_bwd_dq_fits(const fa_problem *p) {
 }
 
 int fa_cpu_bwd_one_pass(const fa_problem *p, int threads, char *why, size_t len) {
-    /* FLASHATTN_CPU_BWD_SCHEDULE=one-pass or two-pass forces a schedule: the tests run both
-       whatever the machine's core count */
-    const char *force = getenv("FLASHATTN_CPU_BWD_SCHEDULE");
+    /* FLASHATTN_CPU_BWD_SCHEDULE=one-pass or two-pass (the context's) forces a schedule: the
+       tests run both whatever the machine's core count */
+    const int force = fa_cpu_bwd_schedule_forced();
     int one;
-    if (force && strcmp(force, "one-pass") == 0)
-        one = 1;
-    else if (force && strcmp(force, "two-pass") == 0)
-        one = 0;
+    if (force)
+        one = force == 1;
     else
         one = p->batch * p->heads_kv >= 2 * (int64_t)threads &&
               fa_cpu_bwd_dq_floats(p) * sizeof(float) <= DQ_MAX_BYTES;

@@ -243,6 +243,7 @@ static void kv_item(const fa_problem *p, int64_t b, int64_t hk, int64_t g0, int 
             fa_tm_ahead ahead; /* next query tile, fetched during the first key tile's work */
             fa_tm_ahead_init(&ahead, &p->q, &p->dout, es, bq, q0 + i0 + BQ, ib - i0 - BQ, h, d);
             const fa_tm_ahead *next = &ahead;
+            int q_finite = -1; /* whether the Q and dO tiles are all finite: on demand */
 
             for (int s = 0; s < nsub; s++) {
                 if (kind[s] == FA_TM_NONE) continue;
@@ -251,6 +252,7 @@ static void kv_item(const fa_problem *p, int64_t b, int64_t hk, int64_t g0, int 
                 fa_tm_gemm_set(nq4, BK, d, B.qf, dp, 1, U->kt, BK, B.s, BK);
                 fa_tm_gemm_set(nq4, BK, d, B.dof, dp, 1, U->vt, BK, B.dps, BK);
                 const int transform = fa_tm_needs_transform(kind[s], cap, slope);
+                const int partial = kind[s] == FA_TM_PARTIAL;
                 if (transform) {
                     fa_tm_rel_init(&rel, &rows, (g0 + s) * BK);
                     fa_tm_scores_qmajor(B.s, cap > 0 ? B.g : NULL, nq, n, &rel, p->scale, cap,
@@ -263,7 +265,7 @@ static void kv_item(const fa_problem *p, int64_t b, int64_t hk, int64_t g0, int 
                     const float *restrict g = B.g + (ptrdiff_t)i * BK;
                     const float di = B.dd[i];
                     if (next) fa_tm_ahead_row(next, i);
-                    fa_vexp_softmax_ftz_row(sr, sr, n, mul, B.lse[i]); /* P, as the forward's */
+                    fa_vexp_p_row(sr, sr, n, mul, B.lse[i]); /* P, as the forward's */
                     {
                         const fa_vf vdi = fa_vset1(di);
                         int j = 0;
@@ -275,17 +277,36 @@ static void kv_item(const fa_problem *p, int64_t b, int64_t hk, int64_t g0, int 
                         FA_TM_SIMD
                         for (int j = 0; j < n; j++) ds[j] *= g[j];
                     }
+                    if (partial) { /* masked: P and dS are 0 by selection (LSE, dP may be NaN) */
+                        const int lo = rel.lo[i], hi = rel.hi[i];
+                        for (int j = 0; j < n; j++)
+                            if (j < lo || j >= hi) sr[j] = ds[j] = 0.0f;
+                    }
                     for (int j = n; j < n4; j++) sr[j] = ds[j] = 0.0f;
                 }
                 next = NULL;
                 /* dV[j] += sum_i P[i][j] dO[i],  dK[j] += sum_i dS[i][j] Q[i] (times scale at
-                   the end) */
-                fa_tm_gemm(n4, dp, nq, B.s, 1, BK, B.dof, dp, U->dv, dp);
-                fa_tm_gemm(n4, dp, nq, B.dps, 1, BK, B.qf, dp, U->dk, dp);
+                   the end); on a mask edge with an Inf or NaN in the other operand, the masked
+                   terms are skipped (0 * Inf is NaN) */
+                if (partial && q_finite < 0)
+                    q_finite = fa_tm_rows_finite(B.qf, nq, dp, dp) &&
+                               fa_tm_rows_finite(B.dof, nq, dp, dp);
+                if (partial && !q_finite) {
+                    fa_tm_gemm_vis(n4, dp, nq, rel.lo, rel.hi, 1, B.s, 1, BK, B.dof, dp, U->dv,
+                                   dp);
+                    fa_tm_gemm_vis(n4, dp, nq, rel.lo, rel.hi, 1, B.dps, 1, BK, B.qf, dp, U->dk,
+                                   dp);
+                } else {
+                    fa_tm_gemm(n4, dp, nq, B.s, 1, BK, B.dof, dp, U->dv, dp);
+                    fa_tm_gemm(n4, dp, nq, B.dps, 1, BK, B.qf, dp, U->dk, dp);
+                }
                 /* dQ[i] += sum_j dS[i][j] K[j] (rows past the tile: dS is 0 there) */
-                if (dq)
-                    fa_tm_gemm(nq4, dp, n, B.dps, BK, 1, U->kf, dp,
-                               dq + ((h - hk * p->group) * dq_rows + i0) * dp, dp);
+                float *dqt = dq ? dq + ((h - hk * p->group) * dq_rows + i0) * dp : NULL;
+                if (dq && partial && !fa_tm_rows_finite(U->kf, n, dp, dp))
+                    fa_tm_gemm_vis(nq4, dp, n, rel.lo, rel.hi, 0, B.dps, BK, 1, U->kf, dp, dqt,
+                                   dp);
+                else if (dq)
+                    fa_tm_gemm(nq4, dp, n, B.dps, BK, 1, U->kf, dp, dqt, dp);
             }
         }
     }
@@ -359,6 +380,7 @@ static void q_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int gs
         fa_tm_pack_rows2(B.kf, B.vf, &p->k, &p->v, dt, bk, k0 + j0, nk, hk, d, dp);
         fa_tm_ahead ahead; /* next key tile, fetched during the first query tile's exponentials */
         fa_tm_ahead_init(&ahead, &p->k, &p->v, es, bk, k0 + j0 + BK, uhi - j0 - BK, hk, d);
+        int k_finite = -1; /* whether the K tile is all finite: found on a mask edge's demand */
         const fa_tm_ahead *next = &ahead;
 
         for (int s = 0; s < nsub; s++) {
@@ -373,17 +395,27 @@ static void q_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int gs
                 fa_tm_scores_kmajor(B.st, cap > 0 ? B.g : NULL, nk, nq4, &rel, p->scale, cap,
                                     slope, kind[s] == FA_TM_PARTIAL);
             }
-            /* P = exp(mul s - LSE), as the forward's exponentials */
+            /* P = exp(mul s - LSE), as the forward's exponentials; the argument clamped at 0
+               (fa_vclamp0: this s may exceed the forward's by a rounding, and LSE is rounded) */
             const fa_vf vmul = fa_vset1(transform ? 1.0f : p->scale);
+            const int partial = kind[s] == FA_TM_PARTIAL;
             for (int j = 0; j < nk; j++) {
                 const float *restrict st = B.st + (ptrdiff_t)j * BQ;
                 float *restrict ds = B.dpt + (ptrdiff_t)j * BQ;
                 if (next) fa_tm_ahead_row(next, j);
                 /* all BQ columns: padding ones have LSE +inf, so P = 0 there */
-                for (int i = 0; i < BQ; i += FA_VW)
-                    fa_vstore(ds + i,
-                              fa_vexp_softmax_ftz(fa_vload(st + i) * vmul - fa_vload(U->lse + i)) *
-                                  (fa_vload(ds + i) - fa_vload(U->dd + i)));
+                for (int i = 0; i < BQ; i += FA_VW) {
+                    const fa_vf e = fa_vexp_softmax_ftz(
+                        fa_vclamp0(fa_vload(st + i) * vmul - fa_vload(U->lse + i)));
+                    fa_vf v = e * (fa_vload(ds + i) - fa_vload(U->dd + i));
+                    if (partial) { /* masked: dS is 0 by selection (dP may be NaN there) */
+                        const fa_vi vj = (fa_vi){0} + j;
+                        const fa_vi lo = fa_viload(rel.lo + i);
+                        const fa_vi hi = fa_viload(rel.hi + i);
+                        v = fa_vsel((vj < lo) | (vj >= hi), fa_vset1(0.0f), v);
+                    }
+                    fa_vstore(ds + i, v);
+                }
                 if (cap > 0) {
                     const float *restrict g = B.g + (ptrdiff_t)j * BQ;
                     FA_TM_SIMD
@@ -391,8 +423,13 @@ static void q_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int gs
                 }
             }
             next = NULL;
-            /* dQ[i] += sum_j dS[j][i] K[j]: A is dS read down its columns */
-            fa_tm_gemm(nq4, dp, nk, B.dpt, 1, BQ, B.kf, dp, U->dq, dp);
+            /* dQ[i] += sum_j dS[j][i] K[j]: A is dS read down its columns; masked keys skipped
+               where K holds an Inf or NaN (0 * Inf is NaN) */
+            if (partial && k_finite < 0) k_finite = fa_tm_rows_finite(B.kf, nk, dp, dp);
+            if (partial && !k_finite)
+                fa_tm_gemm_vis(nq4, dp, nk, rel.lo, rel.hi, 0, B.dpt, 1, BQ, B.kf, dp, U->dq, dp);
+            else
+                fa_tm_gemm(nq4, dp, nk, B.dpt, 1, BQ, B.kf, dp, U->dq, dp);
         }
     }
 

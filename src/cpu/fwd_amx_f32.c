@@ -11,9 +11,8 @@
  * The fp32 forward does not pack K and V per call: three bf16 parts of them would take 1.5x
  * their size in the workspace, which stays O(tile) (tests/test_big.c). A thread splits each
  * key tile itself, into its own buffers, and runs GQ query tiles of one head on it, so that
- * the split's cost is shared (4 -> 8 query tiles: d128 seqlen 2048, 1 thread, 114 -> 107 ms;
- * bench/NOTES.md). The split reads K and V rows straight from the tensors, prefetched (see
- * fetch_rows and pack_block_to).
+ * the split's cost is shared (cpu.md). The split reads K and V rows straight from the
+ * tensors, prefetched (see fetch_rows and pack_block_to).
  */
 #define GQ 8
 
@@ -122,7 +121,7 @@ static void split_item(const fa_problem *p, int64_t b, int64_t h, int64_t t0, co
         /* m + log(l) in double: under the lazy max (fwd_amx_tile.h) m can lie up to LAZY below
            the row's max, and logf(l) of such an l (up to e^8 n) would err by half an ulp of
            a number near 8, twice what LSE itself needs, which the backward's P = exp(s - LSE)
-           passes on to dV (measured: dV 4x the plain baseline's max error at d 256, sq 1) */
+           passes on to dV, past the 2x rule at d 256 */
         if (lse)
             for (int i = 0; i < nq[g]; i++)
                 lse[b * p->lse_sb + h * p->lse_sh + (q0 + i0 + i) * p->lse_st] =

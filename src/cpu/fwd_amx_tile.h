@@ -368,11 +368,11 @@ AMX_FN void strip_exp(const amx_bufs *B, uint32_t *pt, int ns, int nq32, float m
     }
 }
 
-/* exp(s * mul - ref) for fp32, the argument in one fused step as fwd_tiled.c forms it (the
-   max's key then gets exp of the max's rounding error, not exactly 1: an explicitly rounded
-   product, vmulps {rn-sae}, cost 5% of the d128 forward and changed no error measured). */
+/* exp(s * mul - ref) for fp32, the product rounded on its own as fwd_tiled.c forms it: ref
+   is a max of such rounded products, so the argument is <= 0 exactly (fused, it was off by
+   half an ulp of the max: exp overflowed, or the row sum underflowed, at scores near 1e10). */
 FA_TM_INLINE __m512 exp_scaled(__m512 s, __m512 vmul, __m512 ref) {
-    return (__m512)fa_vexp_softmax((fa_vf)_mm512_fmsub_ps(s, vmul, ref));
+    return (__m512)fa_vexp_softmax(fa_vrounded((fa_vf)_mm512_mul_ps(s, vmul)) - (fa_vf)ref);
 }
 
 /* strip_exp for fp32 inputs: the probabilities in fp32, exp(s * mul - m) by fwd_tiled.c's

@@ -7,7 +7,7 @@
  * O(tile) memory whatever the sequence length. The tiles of a group share each key tile while
  * it is in L1/L2: in BSHD memory the rows of one head lie heads * d apart, a stride that maps
  * a head's K and V onto a fraction of the L2's sets, so a key tile fetched for one query tile
- * would not survive until the next work item (measured: 19% slower than with contiguous rows).
+ * would not survive until the next work item (cpu.md).
  *
  * Scores are kept key-major, st[j][i] (a row per key, a column per query): Q is transposed
  * once per work item and K never, and the per-query reductions of the softmax (max, sum) run
@@ -110,7 +110,12 @@ FA_TM_INLINE void softmax_step(const fwd_sub *U, float *st, int nk, int nq4, int
         float *s = st + (ptrdiff_t)j * BQ;
 #pragma GCC unroll 16
         for (int v = 0; v < NV; v++) {
-            const fa_vf e = fa_vexp_softmax_ftz(fa_vload(s + v * FA_VW) * vmul - ref[v]);
+            /* the scaled score rounded on its own, as the max was formed from it: then the
+               argument is <= 0 exactly and the max's key gets exp(0) = 1, whatever the
+               magnitude (fused, it was off by half an ulp of the max: exp overflowed, or the
+               row sum underflowed to 0, at scores near 1e10) */
+            const fa_vf e =
+                fa_vexp_softmax_ftz(fa_vrounded(fa_vload(s + v * FA_VW) * vmul) - ref[v]);
             fa_vstore(s + v * FA_VW, e);
             sum[v] += e;
         }
@@ -249,14 +254,15 @@ static void fwd_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int 
         int kind[FWD_QSUB];
         if (!fa_tm_classify_run(rows, nsub, j0, j0 + nk, kind)) continue;
         /* Packed into contiguous rows even where fp32 rows could be read in place: the
-           matmuls then run from L1, and the misses are taken here (measured: 3-6% faster). */
+           matmuls then run from L1, and the misses are taken here. */
         fa_tm_pack_rows2(B.kf, B.vf, &p->k, &p->v, dt, bk, k0 + j0, nk, hk, d, dp);
         /* The next key tile's rows are fetched while this one's exponentials run, a share
            in each query tile's softmax: all of them in the first one stalled it on the
-           core's miss buffers (measured: the copy above then cost 10% of the forward). */
+           core's miss buffers. */
         fa_tm_ahead ahead;
         fa_tm_ahead_init(&ahead, &p->k, &p->v, es, bk, k0 + j0 + BK, uhi - j0 - BK, hk, d);
         int active = 0, t = 0;
+        int v_finite = -1; /* whether the V tile is all finite: found on a mask edge's demand */
         for (int s = 0; s < nsub; s++) active += kind[s] != FA_TM_NONE;
 
         for (int s = 0; s < nsub; s++) {
@@ -289,7 +295,10 @@ static void fwd_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int 
                          have_max, transform ? 1.0f : p->scale);
             t++;
             /* O[i][x] += sum_j P[j][i] V[j][x]: A is st read down its columns */
-            if (partial)
+            if (partial && v_finite < 0) v_finite = fa_tm_rows_finite(B.vf, nk, dp, dp);
+            if (partial && !v_finite) /* masked keys' P is 0, and 0 * Inf or NaN is NaN */
+                fa_tm_gemm_vis(nq4, dp, nk, rel.lo, rel.hi, 0, B.st, 1, BQ, B.vf, dp, U->o, dp);
+            else if (partial)
                 partial_pv(&B, U, plo, phi, nq4, dp);
             else
                 fa_tm_gemm(nq4, dp, nk, B.st, 1, BQ, B.vf, dp, U->o, dp);

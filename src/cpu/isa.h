@@ -80,9 +80,11 @@ const fa_cpu_isa_ops *fa_cpu_isa_kv_level(const fa_cpu_isa_ops *isa);
 size_t fa_cpu_amx_f32_fwd_ws(const fa_problem *p, int threads);
 void fa_cpu_amx_f32_fwd(const fa_problem *p, void *ws, int threads);
 
-/* Whether the amx level's forward takes fp32 problems: 1 unless FLASHATTN_CPU_F32_AMX=0
-   (read at each call, as FLASHATTN_CPU_BWD_SCHEDULE is), which returns them to the avx512
-   level's FMA kernel. */
+/* The switches of the context whose call runs on the calling thread (fa_context's cpu_f32_amx
+   and cpu_bwd_schedule, read from the environment when it was created): every entry of the
+   CPU backend sets them first, because the levels' `takes` tests see the problem, not the
+   context. Whether the amx level's forward takes fp32 problems: 1 unless FLASHATTN_CPU_F32_AMX=0
+   returns them to the avx512 level's FMA kernel. (The forced backward schedule: kernels.h.) */
 int fa_cpu_f32_amx_enabled(void);
 
 /* bwd_amx.c — the amx level's backward (bf16: the one-pass schedule only; fp32, by split

@@ -33,6 +33,9 @@ fa_status fa_cpu_bwd_naive(const fa_problem *p, int plain, int threads, size_t *
    reason for two-pass in why (may be NULL); and the one-pass dQ buffer of each thread (rows
    per query head of the group, floats in all). */
 int fa_cpu_bwd_one_pass(const fa_problem *p, int threads, char *why, size_t len);
+/* The schedule the calling context forces (FLASHATTN_CPU_BWD_SCHEDULE, read when it was
+   created; set per call by the backend, isa.h): 0 none, 1 one-pass, 2 two-pass. */
+int fa_cpu_bwd_schedule_forced(void);
 int64_t fa_cpu_bwd_dq_rows(const fa_problem *p);
 size_t fa_cpu_bwd_dq_floats(const fa_problem *p);
 /* Whether the one-pass dQ buffer is within the schedule's bound (64 MiB). */

@@ -366,8 +366,12 @@ static void kv_item(const fa_problem *p, int64_t w, int splits, float *ws, const
         fa_tm_scores_qmajor(B.s, NULL, nr, nk, &rel, 1.0f, p->softcap, 0.0f, kind == FA_TM_PARTIAL);
         if (R.alibi) alibi_rows(B.s, &R, &rel, nk);
         softmax_rows(&B, nr, nk, dp);
-        /* O[r][x] += sum_j P[r][j] V[j][x] */
-        fa_tm_gemm(nr4, dp, nk, B.s, BK, 1, B.vf, dp, B.o, dp);
+        /* O[r][x] += sum_j P[r][j] V[j][x]; where the tile has a mask edge and V an Inf or
+           NaN, the masked keys are skipped (their P is 0, but 0 * Inf or NaN is NaN) */
+        if (kind == FA_TM_PARTIAL && !fa_tm_rows_finite(B.vf, nk, dp, dp))
+            fa_tm_gemm_vis(nr4, dp, nk, rel.lo, rel.hi, 0, B.s, BK, 1, B.vf, dp, B.o, dp);
+        else
+            fa_tm_gemm(nr4, dp, nk, B.s, BK, 1, B.vf, dp, B.o, dp);
     }
     store_rows(p, &B, &R, b, s, splits, pt);
 }

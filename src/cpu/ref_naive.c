@@ -174,9 +174,13 @@ fa_status fa_cpu_fwd_naive(const fa_problem *p, int plain, int threads, size_t *
         int64_t bq = p->cu_q ? 0 : b, bk = p->cu_k ? 0 : b;
         for (int64_t i = 0; i < sq; i++) {
             const double *prow = Sb + i * sk;
+            /* only the keys the row sees: a masked key's P is 0, but 0 * Inf or NaN in its V
+               would be NaN (the kernels' rule: masked keys do not contribute) */
+            int64_t lo, hi;
+            fa_row_keys(p, i, sq, sk, &lo, &hi);
             for (int64_t x = 0; x < p->d; x++) {
                 double o = 0;
-                for (int64_t j = 0; j < sk; j++)
+                for (int64_t j = lo; j < hi; j++)
                     o = acc(m, o, out_round(m, prow[j]), load(p, &p->v, bk, k0 + j, hk, x));
                 store(p, &p->o, bq, q0 + i, h, x, out_round(m, o));
             }
@@ -229,9 +233,15 @@ fa_status fa_cpu_bwd_naive(const fa_problem *p, int plain, int threads, size_t *
             scores_softmax(p, m, b, h, P, lse, sq, sk, q0, k0);
             for (int64_t i = 0; i < sq; i++) {
                 const double *prow = P + i * sk;
+                /* The sums run over the keys the row sees [lo, hi) only, and masked dS is 0:
+                   a masked key (or a row that cannot see it) does not contribute, Inf or NaN
+                   in its operands included (0 * NaN is NaN). */
+                int64_t lo, hi;
+                fa_row_keys(p, i, sq, sk, &lo, &hi);
                 /* dP_ij = dO_i · V_j ; D_i = sum_j P_ij dP_ij */
                 double D = 0;
-                for (int64_t j = 0; j < sk; j++) {
+                for (int64_t j = 0; j < sk; j++) dp[j] = 0;
+                for (int64_t j = lo; j < hi; j++) {
                     double s = 0;
                     for (int64_t x = 0; x < p->d; x++)
                         s = acc(m, s, load(p, &p->dout, bq, q0 + i, h, x),
@@ -239,7 +249,7 @@ fa_status fa_cpu_bwd_naive(const fa_problem *p, int plain, int threads, size_t *
                     dp[j] = out_round(m, s);
                     D = fp32(m, D + prow[j] * dp[j]);
                 }
-                for (int64_t j = 0; j < sk; j++) {
+                for (int64_t j = lo; j < hi; j++) {
                     if (prow[j] == 0) {
                         dp[j] = 0;
                         continue;
@@ -254,13 +264,13 @@ fa_status fa_cpu_bwd_naive(const fa_problem *p, int plain, int threads, size_t *
                 /* dQ_i = sum_j dS_ij K_j */
                 for (int64_t x = 0; x < p->d; x++) {
                     double s = 0;
-                    for (int64_t j = 0; j < sk; j++)
+                    for (int64_t j = lo; j < hi; j++)
                         s = acc(m, s, dp[j], load(p, &p->k, bk, k0 + j, hk, x));
                     store(p, &p->dq, bq, q0 + i, h, x, out_round(m, s));
                 }
                 /* dK_j += dS_ij Q_i ; dV_j += P_ij dO_i  (rows of P rounded as the plain
                    matmul would see them) */
-                for (int64_t j = 0; j < sk; j++) {
+                for (int64_t j = lo; j < hi; j++) {
                     double pr = out_round(m, prow[j]);
                     for (int64_t x = 0; x < p->d; x++) {
                         dK[j * p->d + x] =

@@ -34,7 +34,10 @@ typedef float fa_vf_u __attribute__((vector_size(FA_VW * 4), aligned(4), may_ali
 
 #define FA_V_INLINE static inline __attribute__((always_inline))
 
+typedef int32_t fa_vi_u __attribute__((vector_size(FA_VW * 4), aligned(4), may_alias));
+
 FA_V_INLINE fa_vf fa_vload(const float *p) { return *(const fa_vf_u *)p; }
+FA_V_INLINE fa_vi fa_viload(const int *p) { return *(const fa_vi_u *)p; }
 FA_V_INLINE void fa_vstore(float *p, fa_vf v) { *(fa_vf_u *)p = v; }
 /* x - 0 is x for every x (0 + x is not, for -0), so this folds into a plain broadcast */
 FA_V_INLINE fa_vf fa_vset1(float x) { return x - (fa_vf){0}; }
@@ -78,6 +81,27 @@ FA_V_INLINE void fa_transpose16(__m512i r[16]) {
 FA_V_INLINE fa_vf fa_vmax(fa_vf a, fa_vf b) { return fa_vsel(a > b, a, b); }
 FA_V_INLINE fa_vf fa_vmin(fa_vf a, fa_vf b) { return fa_vsel(a < b, a, b); }
 #endif
+
+/* min(x, 0) lane by lane, NaN kept: the argument of a softmax exponential whose reference
+   (an LSE, or a max of scores rounded differently) may lie below a score by a rounding. At
+   scores near 1e10 a rounding is hundreds of units, and exp would overflow to inf; P = exp of
+   score minus its reference never exceeds 1. */
+FA_V_INLINE fa_vf fa_vclamp0(fa_vf x) { return fa_vsel(x > 0.0f, fa_vset1(0.0f), x); }
+
+/* v as a rounded value the compiler may not fuse into a later add: with -ffp-contract=fast,
+   s * mul - max would become one FMA, which rounds the product only after the subtraction, so
+   the max's own key could get exp(+half an ulp of the max): inf at scores near 1e10 (or
+   exp(-half an ulp): 0, and a row sum of 0). An empty asm on the register is free. */
+FA_V_INLINE fa_vf fa_vrounded(fa_vf v) {
+#if defined(__GNUC__) && defined(__AVX512F__)
+    __asm__("" : "+v"(v));
+#elif defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    __asm__("" : "+x"(v));
+#elif defined(__GNUC__) && defined(__aarch64__)
+    __asm__("" : "+w"(v));
+#endif
+    return v;
+}
 
 #if defined(__AVX512F__)
 /* The same exponential with AVX-512's own rounding (vrndscaleps) and scaling (vscalefps:
@@ -140,8 +164,8 @@ FA_V_INLINE fa_vf fa_vexp(fa_vf x) {
  * 2^n. t is clamped below at -150, where 2^t is 0 in fp32 (-inf gives +0), in the
  * NaN-preserving operand order; no upper clamp. About 12 instructions a vector where fa_vexp
  * takes 17. (Folding log2 e into the FMA that subtracts the max, as GPU kernels do, would save
- * the multiply but err by u |mul * s| where P is near 1: measured, it fails the backward's
- * 2x rule at d 256 about once in 400 runs.)
+ * the multiply but err by u |mul * s| where P is near 1, which fails the backward's 2x rule
+ * at d 256 now and then: cpu.md.)
  */
 #define FA_LOG2E 1.44269504088896341f
 #define FA_EXP2_C6 1.534581097e-4f
@@ -198,8 +222,8 @@ FA_V_INLINE fa_vf fa_vexp_softmax(fa_vf x) { return fa_vexp_softmax_by(x, 0); }
 /*
  * The same, but results under 2^-125 are 0 on AVX-512 (elsewhere: fa_vexp_softmax): a
  * subnormal or underflowing result costs a microcode assist of ~150 cycles per vector, and
- * every masked (-inf) score of a causal diagonal tile took one (the d 64 causal forward spent
- * ~10% there, bench/NOTES.md). Probabilities are relative to a row max of about 1, so what is
+ * every masked (-inf) score of a causal diagonal tile took one (cpu.md). Probabilities are
+ * relative to a row max of about 1, so what is
  * flushed is far below any error the correctness rule sees. The kernels' exponentials use it;
  * fa_vexp_softmax keeps the subnormal range that test_simd_exp checks.
  */
@@ -207,15 +231,17 @@ FA_V_INLINE fa_vf fa_vexp_softmax_ftz(fa_vf x) { return fa_vexp_softmax_by(x, 1)
 
 /* dst[i] = exp(mul * src[i] - sub) for i < n, any n (the tail through a padded vector), by
    fa_vexp_softmax when softmax is 1 (a softmax row: sub is its max or LSE), by
-   fa_vexp_softmax_ftz when 2, or fa_vexp; returns the sum of the results. softmax is a
-   constant at each call site. */
+   fa_vexp_softmax_ftz when 2, or fa_vexp; with clamp, of min(mul * src[i] - sub, 0)
+   (fa_vclamp0). Returns the sum of the results. softmax and clamp are constants at each call
+   site. */
 FA_V_INLINE float fa_vexp_row_by(float *dst, const float *src, int n, float mul, float sub,
-                                 int softmax) {
+                                 int softmax, int clamp) {
     fa_vf acc = {0};
     const fa_vf vs = fa_vset1(sub), vm = fa_vset1(mul);
     int i = 0;
     for (; i + FA_VW <= n; i += FA_VW) {
-        const fa_vf x = fa_vload(src + i) * vm - vs;
+        fa_vf x = fa_vload(src + i) * vm - vs;
+        if (clamp) x = fa_vclamp0(x);
         const fa_vf e = softmax ? fa_vexp_softmax_by(x, softmax == 2) : fa_vexp(x);
         fa_vstore(dst + i, e);
         acc += e;
@@ -225,8 +251,8 @@ FA_V_INLINE float fa_vexp_row_by(float *dst, const float *src, int n, float mul,
     if (i < n) {
         float tmp[FA_VW];
         for (int l = 0; l < FA_VW; l++) tmp[l] = i + l < n ? mul * src[i + l] - sub : -INFINITY;
-        const fa_vf e =
-            softmax ? fa_vexp_softmax_by(fa_vload(tmp), softmax == 2) : fa_vexp(fa_vload(tmp));
+        const fa_vf t = clamp ? fa_vclamp0(fa_vload(tmp)) : fa_vload(tmp);
+        const fa_vf e = softmax ? fa_vexp_softmax_by(t, softmax == 2) : fa_vexp(t);
         for (int l = 0; i + l < n; l++) {
             dst[i + l] = e[l];
             sum += e[l];
@@ -236,16 +262,22 @@ FA_V_INLINE float fa_vexp_row_by(float *dst, const float *src, int n, float mul,
 }
 
 FA_V_INLINE float fa_vexp_row(float *dst, const float *src, int n, float mul, float sub) {
-    return fa_vexp_row_by(dst, src, n, mul, sub, 0);
+    return fa_vexp_row_by(dst, src, n, mul, sub, 0, 0);
 }
 
 FA_V_INLINE float fa_vexp_softmax_row(float *dst, const float *src, int n, float mul, float sub) {
-    return fa_vexp_row_by(dst, src, n, mul, sub, 1);
+    return fa_vexp_row_by(dst, src, n, mul, sub, 1, 0);
 }
 
 FA_V_INLINE float fa_vexp_softmax_ftz_row(float *dst, const float *src, int n, float mul,
                                           float sub) {
-    return fa_vexp_row_by(dst, src, n, mul, sub, 2);
+    return fa_vexp_row_by(dst, src, n, mul, sub, 2, 0);
+}
+
+/* The backward's P = exp(mul * src[i] - lse), as fa_vexp_softmax_ftz_row with the argument
+   clamped at 0: a recomputed score may exceed the forward's LSE by a rounding. */
+FA_V_INLINE float fa_vexp_p_row(float *dst, const float *src, int n, float mul, float lse) {
+    return fa_vexp_row_by(dst, src, n, mul, lse, 2, 1);
 }
 
 #endif /* FA_CPU_SIMD_H */

@@ -202,7 +202,7 @@ FA_TM_INLINE void fa_tm_load_col(float *restrict dst, ptrdiff_t ld, const void *
  * Rows t0 .. t0 + n - 1 (n <= FA_CPU_TILE) of head h of operand o, transposed into a tile of
  * FA_CPU_TILE columns: dst[x * FA_CPU_TILE + i] = element x of row i for x < d, 0 for i >= n
  * (the Q^T, K^T and V^T tiles of the kernels). AVX-512 transposes 16 x 16 blocks in registers:
- * the scalar loop's stores, each a column apart, cost 3% of the d 64 causal forward.
+ * a scalar loop's stores would land a column apart each.
  */
 FA_TM_INLINE void fa_tm_load_tile_t(float *restrict dst, const fa_operand *o, fa_dtype dt,
                                     int64_t bi, int64_t t0, int n, int64_t h, int d) {
@@ -268,9 +268,9 @@ FA_TM_INLINE void fa_tm_store_zero(void *dst, fa_dtype dt, int n) {
  * the whole k loop, so per k step the kernel loads FA_NV vectors of B and broadcasts mr values
  * of A for mr * FA_NV FMAs. AVX-512: 6 x 4 zmm = 24 accumulators of its 32 registers (2 FMA
  * pipes of latency 4 need 8 chains in flight; 6 rows load 10 values per 24 FMAs where 4 rows
- * load 8 per 16: 6-7% faster in the forward), 4 x 4 for the row counts 6 does not divide;
- * AVX2: 6 x 2 of its 16 registers (8-13% faster than 4 x 2); the scalar level (SSE2 on x86,
- * no FMA: products need registers of their own) stays at 4 x 2, which measured 5% faster.
+ * load 8 per 16), 4 x 4 for the row counts 6 does not divide; AVX2: 6 x 2 of its 16
+ * registers; the scalar level (SSE2 on x86, no FMA: products need registers of their own)
+ * stays at 4 x 2 (each choice measured against the others: cpu.md).
  */
 #define FA_MR 4 /* rows of the blocks every m (a multiple of 4) can be cut into */
 #if FA_VW == 16
@@ -300,7 +300,7 @@ FA_TM_INLINE void fa_tm_mk(int mr, int nv, int add, int kdim, const float *restr
 #if !FA_TM_FMA
     /* Without FMA (the scalar level on x86-64: SSE2) a float multiply-add rounds twice a
        term, up to twice the error of the FMA matmul the 2x rule measures against (a 5-key
-       fp32 decode failed it: bench/NOTES.md's flake); the products of floats are exact in
+       fp32 decode failed it: cpu.md); the products of floats are exact in
        double, so the sums run in double (two SSE2 halves a vector) and round once at the end. */
     typedef double fa_vd2 __attribute__((vector_size(16)));
     fa_vd2 accd[FA_MR_MAX][FA_NV][2];
@@ -338,17 +338,15 @@ FA_TM_INLINE void fa_tm_mk(int mr, int nv, int add, int kdim, const float *restr
 #else
     /* The sum over k starts from 0 and C is added once at the end: a running accumulator
        (the forward's O over the key tiles, up to l |V| in size) then takes one rounding at
-       its own size per call instead of one per k step. test_fwd's f32_scaled_inputs shape
-       (150 keys, d 64), 2000 seeds: worst O error 2.41x plain fp32's before, 2.04x after;
-       1000 keys, 200 seeds: 1.91x before, 1.32x after (bench/NOTES.md). Same instructions,
-       C's loads later; the forward's speed level. */
+       its own size per call instead of one per k step, which kept long rows' O error near
+       the 2x rule's edge (cpu.md). Same instructions, C's loads later. */
     fa_vf acc[FA_MR_MAX][FA_NV];
 #pragma GCC unroll 8
     for (int r = 0; r < mr; r++)
 #pragma GCC unroll 4
         for (int v = 0; v < nv; v++) acc[r][v] = (fa_vf){0};
-    /* two k steps per loop trip: +3% on the d128 forward (the loop's own add/cmp/branch and
-       the pointer updates were a few percent of a step's 34 instructions) */
+    /* two k steps per loop trip: the loop's own add/cmp/branch and the pointer updates are
+       otherwise a noticeable share of a step's 34 instructions */
 #pragma GCC unroll 2
     for (int k = 0; k < kdim; k++) {
         const float *restrict bk = b + k * ldb;
@@ -438,6 +436,41 @@ FA_TM_INLINE void fa_tm_gemm_set_max(int m, int n, int kdim, const float *a, ptr
                                      ptrdiff_t aks, const float *b, ptrdiff_t ldb, float *c,
                                      ptrdiff_t ldc, float *cmax) {
     fa_tm_gemm_x(0, m, n, kdim, a, ars, aks, b, ldb, c, ldc, cmax);
+}
+
+/* Whether rows 0 .. n - 1 of dp floats (a multiple of FA_VW; row stride ld) are all finite:
+   x * 0 is 0 for a finite x and NaN for an infinite or NaN one. */
+FA_TM_INLINE int fa_tm_rows_finite(const float *a, int n, int dp, ptrdiff_t ld) {
+    fa_vf z = {0};
+    for (int r = 0; r < n; r++)
+        for (int c = 0; c < dp; c += FA_VW) z += fa_vload(a + (ptrdiff_t)r * ld + c) * 0.0f;
+    int ok = 1;
+    for (int l = 0; l < FA_VW; l++) ok &= z[l] == 0.0f;
+    return ok;
+}
+
+/*
+ * C[r][0:n] += sum over the k that r sees of A(r, k) B[k][0:n], r < m: the product of a tile
+ * with a mask edge when B holds an Inf or NaN. Row r sees k in [lo[r], hi[r]) (by_col 0) or,
+ * with by_col 1, the k whose range holds r (lo[k] <= r < hi[k]: the transposed product, a row
+ * per key). A masked entry of A is 0, but 0 * Inf is NaN: a masked key must not contribute,
+ * so the masked terms are skipped, not multiplied. Each row sums from 0 and adds C once, as
+ * fa_tm_mk does with FMA. Rare (special values in a tile with a mask edge): kept simple.
+ */
+FA_TM_INLINE void fa_tm_gemm_vis(int m, int n, int kdim, const int *lo, const int *hi,
+                                 int by_col, const float *a, ptrdiff_t ars, ptrdiff_t aks,
+                                 const float *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc) {
+    for (int r = 0; r < m; r++) {
+        float *restrict cr = c + (ptrdiff_t)r * ldc;
+        for (int x = 0; x < n; x += FA_VW) {
+            fa_vf acc = {0};
+            for (int k = 0; k < kdim; k++) {
+                const int sees = by_col ? lo[k] <= r && r < hi[k] : lo[r] <= k && k < hi[r];
+                if (sees) acc += fa_vset1(a[r * ars + k * aks]) * fa_vload(b + k * ldb + x);
+            }
+            fa_vstore(cr + x, fa_vload(cr + x) + acc);
+        }
+    }
 }
 
 /* Tiles per work item for kernels whose items take a run of consecutive tiles sharing each
@@ -596,8 +629,8 @@ FA_TM_INLINE int fa_tm_needs_transform(int kind, float softcap, float slope) {
  * Softcap and ALiBi are evaluated in double and rounded once, as a plain implementation
  * rounds each elementwise step once: in float, tanhf, the division and the product (or the
  * ALiBi product and difference) round three times, which alone took the d 8 fp32 sweep case
- * (where the dot products are nearly exact) past 2x the plain error in about 2% of runs on
- * the scalar level. Tiles with a softcap are few and ALiBi is one multiply-add per score.
+ * (where the dot products are nearly exact) past 2x the plain error on the scalar level at
+ * times. Tiles with a softcap are few and ALiBi is one multiply-add per score.
  */
 /*
  * Dot products -> final scores, on a key-major tile st[j][i] (row per key j < nk, column per

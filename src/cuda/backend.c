@@ -264,30 +264,18 @@ static void record(fa_context *ctx, const char *op, const fa_cuda_launch *l, siz
 
 /* ---- the table ---- */
 
-/* On sm_90 the Hopper forward is the preferred kernel for the head dims it has;
-   FLASHATTN_CUDA_SM90=0 turns it off (the sm80 kernels then run there too, e.g. to test them). */
-static int env_off(const char *name) {
-    const char *e = getenv(name);
-    return e && strcmp(e, "0") == 0;
-}
-static int sm90_fwd_enabled(void) { return !env_off("FLASHATTN_CUDA_SM90"); }
-/* The Hopper backward likewise; FLASHATTN_CUDA_SM90_BWD=0 turns off only it (A/B runs). */
-static int sm90_bwd_enabled(void) {
-    return !env_off("FLASHATTN_CUDA_SM90") && !env_off("FLASHATTN_CUDA_SM90_BWD");
-}
-
 /* The varlen check's answer and copies, and on sm_90 the persistent grid's tile counter. */
-static size_t fwd_workspace(const fa_problem *p) {
+static size_t fwd_workspace(const fa_context *ctx, const fa_problem *p) {
     char msg[256];
     const dev_info *d = current_device(msg, sizeof msg);
-    if (d && d->cc == 90 && sm90_fwd_enabled() && fa_sm90_fwd_covers(p))
+    if (d && d->cc == 90 && ctx->sm90_fwd && fa_sm90_fwd_covers(p))
         return ws_head(p) + FA_SM90_FWD_WORKSPACE;
     return p->cu_q ? ws_head(p) : 0;
 }
 
 static fa_status cuda_fwd_workspace(fa_context *ctx, const fa_problem *p, size_t *bytes) {
     TRY(check_problem(ctx, "fa_fwd", p, 0));
-    *bytes = fwd_workspace(p);
+    *bytes = fwd_workspace(ctx, p);
     return FA_OK;
 }
 
@@ -341,10 +329,10 @@ static fa_status cuda_fwd(fa_context *ctx, const fa_problem *pin, void *ws, size
     TRY(varlen(ctx, "fa_fwd", &p, ws));
     char why[sizeof ctx->sel.reason];
     zero_in(ctx, ws, &l);
-    TRY(run_kernel(ctx, "fa_fwd", l.cc == 90 && sm90_fwd_enabled() && fa_sm90_fwd_covers(&p),
+    TRY(run_kernel(ctx, "fa_fwd", l.cc == 90 && ctx->sm90_fwd && fa_sm90_fwd_covers(&p),
                    fa_sm90_fwd, fa_sm80_fwd, &p, &l, why, sizeof why));
     zero_out(ctx, ws, &l);
-    record(ctx, "fwd", &l, fwd_workspace(pin));
+    record(ctx, "fwd", &l, fwd_workspace(ctx, pin));
     if (why[0]) snprintf(ctx->sel.reason, sizeof ctx->sel.reason, "%s", why);
     return FA_OK;
 }
@@ -367,7 +355,7 @@ static fa_status cuda_bwd(fa_context *ctx, const fa_problem *pin, void *ws, size
         return fa_fail(ctx, FA_ERR_INTERNAL, "fa_bwd: workspace of %zu bytes, kernels need %zu",
                        l.ws_bytes, need);
     char why[sizeof ctx->sel.reason];
-    TRY(run_kernel(ctx, "fa_bwd", l.cc == 90 && sm90_bwd_enabled() && fa_sm90_bwd_covers(&p),
+    TRY(run_kernel(ctx, "fa_bwd", l.cc == 90 && ctx->sm90_bwd && fa_sm90_bwd_covers(&p),
                    fa_sm90_bwd, fa_sm80_bwd, &p, &l, why, sizeof why));
     record(ctx, "bwd", &l, ws_head(pin) + need);
     if (why[0]) snprintf(ctx->sel.reason, sizeof ctx->sel.reason, "%s", why);
@@ -494,7 +482,18 @@ static enum cudaStreamCaptureMode capture_mode(enum cudaStreamCaptureMode m) {
    a copy or a synchronisation) and portable (every device's context maps it; with unified
    addressing, which every sm_80+ platform has, the device address is the same on all of
    them), allocated here because a call may run under stream capture. */
+/* A backend switch: the variable set to "0" turns its kernel off. */
+static int env_off(const char *name) {
+    const char *e = getenv(name);
+    return e && strcmp(e, "0") == 0;
+}
+
 static fa_status cuda_ctx_init(fa_context *ctx) {
+    /* On sm_90 the Hopper kernels are preferred for the head dims they have;
+       FLASHATTN_CUDA_SM90=0 turns both off (the sm80 kernels then run there too, e.g. to test
+       them), FLASHATTN_CUDA_SM90_BWD=0 the backward alone */
+    ctx->sm90_fwd = !env_off("FLASHATTN_CUDA_SM90");
+    ctx->sm90_bwd = ctx->sm90_fwd && !env_off("FLASHATTN_CUDA_SM90_BWD");
     void *h = NULL, *d = NULL;
     const enum cudaStreamCaptureMode was = capture_mode(cudaStreamCaptureModeRelaxed);
     cudaError_t e = cudaHostAlloc(&h, sizeof(fa_bad_index),

@@ -202,10 +202,9 @@ static fa_status run_bwd(const fa_problem *p, fa_cuda_launch *l, bool hopper) {
     a.batch = (int)p->batch, a.heads_q = (int)p->heads_q, a.heads_kv = (int)p->heads_kv;
     a.group = (int)p->group, a.d = (int)p->d;
     a.seqlen_q = (int)p->seqlen_q, a.seqlen_k = (int)p->seqlen_k;
-    /* A window at least as long as every sequence is unbounded; clamping keeps all the
-       kernels' row/key arithmetic within int32. */
-    a.win_left = p->win_left < 0 || p->win_left >= p->seqlen_k ? -1 : (int)p->win_left;
-    a.win_right = p->win_right < 0 || p->win_right >= p->seqlen_q ? -1 : (int)p->win_right;
+    /* normalised by the dispatcher (rows.h): -1, or below the longest sequence (< 2^30) */
+    a.win_left = (int)p->win_left;
+    a.win_right = (int)p->win_right;
     a.scale = p->scale;
     a.scale_log2 = p->scale * kLog2e;
     a.softcap = p->softcap > 0.f ? p->softcap : 0.f;

@@ -37,7 +37,7 @@ struct BwdArgs {
     const int *cu_q, *cu_k;
     int batch, heads_q, heads_kv, group, d;
     int seqlen_q, seqlen_k; /* lengths (BSHD) or maxima (varlen) */
-    int win_left, win_right; /* -1: unbounded */
+    int win_left, win_right; /* normalised (rows.h); -1: unbounded */
     float scale, scale_log2;
     float softcap, softcap_inv; /* softcap_inv = 1 / softcap; 0 when off */
     const float *alibi;
@@ -89,17 +89,10 @@ __device__ __forceinline__ int64_t kv_row0(const BwdArgs &a, int b, int k0) {
     return a.cu_k ? (int64_t)k0 : (int64_t)b * a.seqlen_k;
 }
 
-/* The key range [lo(i), hi(i)) of query row i (fa_row_keys of internal.h). Both ends never
-   decrease with i. */
-struct RowKeys {
-    int diag, sk, wl, wr; /* c(i) = i + diag */
-    __device__ __forceinline__ RowKeys(const BwdArgs &a, int sq, int sk_)
-        : diag(sk_ - sq), sk(sk_), wl(a.win_left), wr(a.win_right) {}
-    __device__ __forceinline__ int lo(int i) const { return wl < 0 ? 0 : max(0, i + diag - wl); }
-    __device__ __forceinline__ int hi(int i) const {
-        return wr < 0 ? sk : min(sk, i + diag + wr + 1);
-    }
-};
+/* The mask of sequence s (rows.h, the one rule): row i sees keys [fa_rows_lo, fa_rows_hi). */
+__device__ __forceinline__ fa_rows rows_of(const BwdArgs &a, const Seq &s) {
+    return fa_rows_of(s.sq, s.sk, a.win_left, a.win_right);
+}
 
 /*
  * A configuration of the dK/dV kernel: BM query rows per inner step, BN keys per block, 8

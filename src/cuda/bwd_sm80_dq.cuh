@@ -35,14 +35,14 @@ __global__ void __launch_bounds__(C::THREADS) bwd_dq_kernel(const __grid_constan
     const int i0 = blockIdx.x * BM;
     if (i0 >= s.sq) return;
     const int rows = min(BM, s.sq - i0);
-    const RowKeys rk(a, s.sq, s.sk);
-    const int n_lo = rk.lo(i0), n_hi = rk.hi(i0 + rows - 1);
+    const fa_rows rk = rows_of(a, s);
+    const fa_range kt = fa_range_tiles(fa_rows_union(rk, i0, i0 + rows), BN);
 
     float acc[1][DT][4];
     zero(acc);
 
-    if (n_hi > n_lo) {
-        const int nb_first = n_lo / BN, nb_last = (n_hi - 1) / BN;
+    if (kt.hi > kt.lo) {
+        const int nb_first = kt.lo, nb_last = kt.hi - 1;
         const T *qg = (const T *)a.q + s.bq * a.q_sb + (int64_t)(s.q0 + i0) * a.q_st + (int64_t)h * a.q_sh;
         const T *dog = (const T *)a.dout + s.bq * a.do_sb + (int64_t)(s.q0 + i0) * a.do_st +
                        (int64_t)h * a.do_sh;
@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(C::THREADS) bwd_dq_kernel(const __grid_constan
 
         const bool fancy = a.softcap > 0.f || a.alibi != nullptr;
         const float slope = a.alibi ? a.alibi[b * a.alibi_sb + h] : 0.f;
-        const int lo_max = rk.lo(i0 + BM - 1), hi_min = rk.hi(i0);
+        const fa_range every = fa_rows_common(rk, i0, i0 + BM);
 
         for (int nb = nb_first; nb <= nb_last; nb++) {
             const int buf = (nb - nb_first) & 1;
@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(C::THREADS) bwd_dq_kernel(const __grid_constan
             zero(dp);
             warp_mma<T, 1, NT, D / 16, LD, false, LD, false>(sc, sQ, warp * 16, 0, sKb, 0, 0, lane);
             warp_mma<T, 1, NT, D / 16, LD, false, LD, false>(dp, sdO, warp * 16, 0, sVb, 0, 0, lane);
-            const bool full = i0 + BM <= s.sq && lo_max <= j0 && hi_min >= j0 + BN;
+            const bool full = i0 + BM <= s.sq && fa_range_holds(every, j0, j0 + BN);
             p_ds(sc, dp, a, rk, sL, sDd, warp * 16, i0, j0, s.sq, full && !fancy, slope, lane);
 
             /* dQ += dS K: dS straight from the registers as A fragments */
@@ -128,8 +128,7 @@ __global__ void __launch_bounds__(C::THREADS) bwd_dq_kernel(const __grid_constan
 
 template <typename T, typename C> cudaError_t launch_dq(const BwdArgs &a, cudaStream_t st) {
     auto kern = bwd_dq_kernel<T, C>;
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)C::SMEM);
+    cudaError_t e = (cudaError_t)fa_cuda_smem_limit((const void *)kern, (int)C::SMEM);
     if (e != cudaSuccess) return e;
     const dim3 grid((a.seqlen_q + C::BM - 1) / C::BM, a.heads_q, a.batch);
     if (grid.x == 0) return cudaSuccess;

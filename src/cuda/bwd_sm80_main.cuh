@@ -47,16 +47,11 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_main_kernel(const __grid_co
     const int j0 = kb * BN;
     if (j0 >= s.sk) return; /* varlen: this sequence has fewer keys */
     const int nk = min(BN, s.sk - j0);
-    const RowKeys rk(a, s.sq, s.sk);
+    const fa_rows rk = rows_of(a, s);
 
-    /* Rows that see a key of [j0, j0 + nk): hi(i) > j0 and lo(i) < j0 + nk. Both bounds are
-       monotone in i, so they form one run [ia, ib). (The host clamps windows to the sequence
-       maxima, so none of this overflows.) */
-    int ia = 0, ib = s.sq;
-    if (a.win_right >= 0) ia = max(0, j0 - rk.diag - a.win_right);
-    if (a.win_left >= 0) ib = min(s.sq, j0 + nk + a.win_left - rk.diag);
-    const int m_first = ia / BM;
-    const int nmb = ia < ib ? (ib - 1) / BM - m_first + 1 : 0;
+    /* the query tiles of the rows that see a key of [j0, j0 + nk) */
+    const fa_range mt = fa_range_tiles(fa_rows_seeing(rk, j0, j0 + nk), BM);
+    const int m_first = mt.lo, nmb = mt.hi - mt.lo;
     const int h_begin = hkv * a.group + split * a.heads_per_split;
     const int h_end = min(h_begin + a.heads_per_split, (hkv + 1) * a.group);
     const int niter = h_end > h_begin ? (h_end - h_begin) * nmb : 0;
@@ -123,7 +118,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_main_kernel(const __grid_co
             const float *sL = (const float *)(smem + C::OFF_L) + buf * BM;
             const float *sDd = (const float *)(smem + C::OFF_D) + buf * BM;
 
-            const bool full = i0 + BM <= s.sq && rk.lo(i0 + BM - 1) <= j0 && rk.hi(i0) >= j0 + BN;
+            const bool full =
+                i0 + BM <= s.sq && fa_range_holds(fa_rows_common(rk, i0, i0 + BM), j0, j0 + BN);
             const float slope = a.alibi ? a.alibi[b * a.alibi_sb + h] : 0.f;
 #pragma unroll
             for (int sl = 0; sl < C::SSPLIT; sl++) {
@@ -270,8 +266,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_main_kernel(const __grid_co
 template <typename T, typename C, bool DQ_ATOMIC>
 cudaError_t launch_main(const BwdArgs &a, cudaStream_t st) {
     auto kern = bwd_main_kernel<T, C, DQ_ATOMIC>;
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)C::SMEM);
+    cudaError_t e = (cudaError_t)fa_cuda_smem_limit((const void *)kern, (int)C::SMEM);
     if (e != cudaSuccess) return e;
     const dim3 grid((a.seqlen_k + C::BN - 1) / C::BN, a.heads_kv * a.nsplit, a.batch);
     if (grid.x == 0) return cudaSuccess;

@@ -23,7 +23,7 @@ namespace bwd {
  * P is 0 there without a test.
  */
 template <int MT, int NT>
-__device__ __forceinline__ void p_of(float (&sc)[MT][NT][4], const BwdArgs &a, const RowKeys &rk,
+__device__ __forceinline__ void p_of(float (&sc)[MT][NT][4], const BwdArgs &a, const fa_rows &rk,
                                      const float *sL, int r0, int i0, int jw, int sq, bool fast,
                                      float slope, int lane) {
     const int g = lane >> 2, t4 = lane & 3;
@@ -49,7 +49,7 @@ __device__ __forceinline__ void p_of(float (&sc)[MT][NT][4], const BwdArgs &a, c
             const int r = r0 + mi * 16 + g + hr * 8;
             const float l2 = sL[r];
             const int i = i0 + r, c = i + rk.diag;
-            const int lo = rk.lo(i), hi = i < sq ? rk.hi(i) : 0;
+            const int lo = fa_rows_lo(rk, i), hi = i < sq ? fa_rows_hi(rk, i) : 0;
 #pragma unroll
             for (int ni = 0; ni < NT; ni++)
 #pragma unroll
@@ -87,7 +87,7 @@ __device__ __forceinline__ void ds_of(const float (&sc)[MT][NT][4], float (&dp)[
  */
 template <int MT, int NT>
 __device__ __forceinline__ void p_ds(float (&sc)[MT][NT][4], float (&dp)[MT][NT][4],
-                                     const BwdArgs &a, const RowKeys &rk, const float *sL,
+                                     const BwdArgs &a, const fa_rows &rk, const float *sL,
                                      const float *sD, int r0, int i0, int jw, int sq, bool fast,
                                      float slope, int lane) {
     if (!(a.softcap > 0.f)) {
@@ -103,7 +103,7 @@ __device__ __forceinline__ void p_ds(float (&sc)[MT][NT][4], float (&dp)[MT][NT]
             const int r = r0 + mi * 16 + g + hr * 8;
             const float l2 = sL[r], dd = sD[r];
             const int i = i0 + r, c = i + rk.diag;
-            const int lo = rk.lo(i), hi = i < sq ? rk.hi(i) : 0;
+            const int lo = fa_rows_lo(rk, i), hi = i < sq ? fa_rows_hi(rk, i) : 0;
 #pragma unroll
             for (int ni = 0; ni < NT; ni++)
 #pragma unroll

@@ -11,13 +11,18 @@ namespace fa {
 namespace bwd {
 namespace {
 
+/* Asked once: a fact of the build (as fwd_sm90.cu's has_sm90a). */
 bool has_sm90a() {
-    cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, bwd_sm90_kernel<__half, Sm90Cfg<128>, true>) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-    }
-    return fa.binaryVersion == 90;
+    static const bool yes = [] {
+        cudaFuncAttributes fa;
+        if (cudaFuncGetAttributes(&fa, bwd_sm90_kernel<__half, Sm90Cfg<128>, true>) !=
+            cudaSuccess) {
+            cudaGetLastError();
+            return false;
+        }
+        return fa.binaryVersion == 90;
+    }();
+    return yes;
 }
 
 /* f(C{}) for the configuration of head dim D */
@@ -30,8 +35,7 @@ cudaError_t launch(const Sm90Args &g, cudaStream_t st) {
     void (*kern)(Sm90Args);
     if constexpr (C::D == 256) kern = bwd_sm90_d256_kernel<T, C, DQ>;
     else kern = bwd_sm90_kernel<T, C, DQ>;
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)C::SMEM);
+    cudaError_t e = (cudaError_t)fa_cuda_smem_limit((const void *)kern, (int)C::SMEM);
     if (e != cudaSuccess) return e;
     const dim3 grid((g.a.seqlen_k + C::BN - 1) / C::BN, g.a.heads_kv * g.a.nsplit, g.a.batch);
     if (grid.x == 0) return cudaSuccess;

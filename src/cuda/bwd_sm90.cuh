@@ -77,25 +77,23 @@ template <int D_> struct Sm90Cfg {
 /* What a block knows of its keys and of the (query head, query tile) pairs it walks. */
 struct Blk {
     Seq s;
-    RowKeys rk;
+    fa_rows rk;
     int b, hkv, split, bt, j0, nk, m_first, nmb, h_begin, niter;
     int64_t wrow0;
     /* block (key tile kb, kv head x split, sequence b) of BN keys, query tiles of BM rows; no
        work (niter 0, and valid() false) when the sequence has fewer keys */
     __device__ __forceinline__ Blk(const BwdArgs &a, int BN, int BM)
-        : s(seq_of(a, blockIdx.z)), rk(a, s.sq, s.sk) {
+        : s(seq_of(a, blockIdx.z)), rk(rows_of(a, s)) {
         b = blockIdx.z;
         split = blockIdx.y % a.nsplit;
         hkv = blockIdx.y / a.nsplit;
         bt = a.cu_q ? 0 : b; /* the maps' batch coordinate (varlen: one sequence) */
         j0 = blockIdx.x * BN;
         nk = min(BN, s.sk - j0);
-        /* the query rows that see a key of the tile: one run [ia, ib) (as bwd_sm80_main.cuh) */
-        int ia = 0, ib = s.sq;
-        if (a.win_right >= 0) ia = max(0, j0 - rk.diag - a.win_right);
-        if (a.win_left >= 0) ib = min(s.sq, j0 + nk + a.win_left - rk.diag);
-        m_first = ia / BM;
-        nmb = ia < ib ? (ib - 1) / BM - m_first + 1 : 0;
+        /* the query tiles of the rows that see a key of the tile */
+        const fa_range mt = fa_range_tiles(fa_rows_seeing(rk, j0, j0 + nk), BM);
+        m_first = mt.lo;
+        nmb = mt.hi - mt.lo;
         h_begin = hkv * a.group + split * a.heads_per_split;
         const int h_end = min(h_begin + a.heads_per_split, (hkv + 1) * a.group);
         niter = h_end > h_begin && valid() ? (h_end - h_begin) * nmb : 0;
@@ -182,7 +180,7 @@ __device__ __forceinline__ void p_of_t(float (&sc)[4 * NQ], const BwdArgs &a, co
         for (int e = 0; e < 2; e++) {
             const int i = i0 + 8 * j + 2 * t4 + e, ci = i + k.rk.diag;
             const float l2 = sL[8 * j + 2 * t4 + e];
-            const int lo = k.rk.lo(i), hi = i < k.s.sq ? k.rk.hi(i) : 0;
+            const int lo = fa_rows_lo(k.rk, i), hi = i < k.s.sq ? fa_rows_hi(k.rk, i) : 0;
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
                 const int kj = k.j0 + kl0 + 8 * hr;
@@ -328,7 +326,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_sm90_kernel(const __grid_co
         issue_rows<T, C, BM>(dp, sV + c * 64 * 128, sdO);
 
         /* P^T while dP^T finishes (softcap: below, with dS) */
-        const bool full = i0 + BM <= k.s.sq && k.rk.lo(i0 + BM - 1) <= k.j0 && k.rk.hi(i0) >= k.j0 + BN;
+        const bool full = i0 + BM <= k.s.sq &&
+                          fa_range_holds(fa_rows_common(k.rk, i0, i0 + BM), k.j0, k.j0 + BN);
         const float slope = a.alibi ? a.alibi[k.b * a.alibi_sb + h] : 0.f;
         wg_wait<1>();
         wg_pin(sc);
@@ -353,7 +352,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_sm90_kernel(const __grid_co
                 for (int e = 0; e < 2; e++) {
                     const int i = i0 + 8 * j + 2 * t4 + e, ci = i + k.rk.diag;
                     const float l2 = sL[8 * j + 2 * t4 + e], dd = sDd[8 * j + 2 * t4 + e];
-                    const int lo = k.rk.lo(i), hi = i < k.s.sq ? k.rk.hi(i) : 0;
+                    const int lo = fa_rows_lo(k.rk, i), hi = i < k.s.sq ? fa_rows_hi(k.rk, i) : 0;
 #pragma unroll
                     for (int hr = 0; hr < 2; hr++) {
                         const int kj = k.j0 + kl0 + 8 * hr, r = 4 * j + 2 * hr + e;
@@ -496,7 +495,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_sm90_d256_kernel(const __gr
         wg_wait<0>();
         wg_pin(sc);
         if (c == 0) {
-            const bool full = i0 + BM <= k.s.sq && k.rk.lo(i0 + BM - 1) <= k.j0 && k.rk.hi(i0) >= k.j0 + BN;
+            const bool full = i0 + BM <= k.s.sq &&
+                              fa_range_holds(fa_rows_common(k.rk, i0, i0 + BM), k.j0, k.j0 + BN);
             const float slope = a.alibi ? a.alibi[k.b * a.alibi_sb + h] : 0.f;
             p_of_t<NQ>(sc, a, k, sL, i0, kl0, t4, slope, full && !a.alibi);
 #pragma unroll

@@ -130,10 +130,9 @@ struct Plan {
 
 /* Splits: as many as fit one block on each multiprocessor beside the other blocks of the grid
    (batch x kv heads x row blocks), at least one, each split at least two key steps of the
-   capacity and at most FA_CUDA_MERGE_MAX_PARTS; or what the caller forced. Batch 1, GQA
-   32/8, d 128 (H100): 16 splits (128 blocks) beat 30 (two blocks on most multiprocessors,
-   one on the rest, though two fit) by 15% at 8k and 5-8% at 32k and 128k, and 8 or 24 splits
-   too; a second wave of a few blocks had doubled the time. */
+   capacity and at most FA_CUDA_MERGE_MAX_PARTS; or what the caller forced. One block per
+   multiprocessor beats uneven counts (two on some, one on the rest), and a second wave of a
+   few blocks costs a whole wave (decode_sm80.md, v4 and v8). */
 Plan plan_of(const fa_problem *p, int num_sms) {
     Plan pl;
     const int D = fa_cuda_kernel_dim(p->d), step = key_step(D);

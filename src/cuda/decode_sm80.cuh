@@ -213,8 +213,7 @@ template <typename T, typename C> struct DecodeTileLoader {
  * after everybody's writes, and the reads bypass L1 (__ldcg).
  * The merge is a chain of L2 round trips at the end of the call, so it takes few: each thread
  * sums 4 columns of one row, reading U splits' LSEs and outputs at once with a running max
- * (one round trip for up to U splits; a loop of one load per split, after a first pass over
- * the LSEs, was ~10% of a 26 us batch-1 call).
+ * (one round trip for up to U splits, not one per split: decode_sm80.md, v9).
  */
 template <typename T, typename C>
 __device__ __forceinline__ void decode_merge_last(const DecodeArgs &a, int rb, int hk, int b,
@@ -289,6 +288,8 @@ __global__ void __launch_bounds__(C::THREADS) decode_sm80_kernel(const __grid_co
        leaves the cache */
     const int L = kv_len(a, b);
     const int row0 = rb * 16;
+    /* the mask (rows.h) of query token t = packed row / group against the sequence's L keys */
+    auto rk = [&]() { return fa_rows_of(a.seqlen_q, L, a.m.win_left, a.m.win_right); };
     const int diag = L - a.seqlen_q;
 
     /* packed row r -> query token r / group, query head hk * group + r % group */
@@ -304,20 +305,13 @@ __global__ void __launch_bounds__(C::THREADS) decode_sm80_kernel(const __grid_co
     }
     cp_async_commit();
 
-    /* this split's keys, and the part every row can see at all: [lo(first), hi(last)) */
+    /* this split's keys, and those some row of the block sees */
     const int k_begin = split * a.chunk, k_end = min(L, k_begin + a.chunk);
     const int last_row = min(row0 + 15, a.rows - 1);
-    auto lo_of = [&](int pr) {
-        const int c = pr / a.group + diag;
-        return a.m.win_left < 0 ? 0 : max(0, c - a.m.win_left);
-    };
-    auto hi_of = [&](int pr) {
-        const int c = pr / a.group + diag;
-        return a.m.win_right < 0 ? L : min(L, c + a.m.win_right + 1);
-    };
+    const fa_range seen = fa_rows_union(rk(), row0 / a.group, last_row / a.group + 1);
     /* kb on a multiple of BNW (tiles then start on page rows the fast loader takes); keys
        before the first row's window start are masked like any edge */
-    const int kb = max(k_begin, lo_of(row0) & ~(BNW - 1)), ke = min(k_end, hi_of(last_row));
+    const int kb = max(k_begin, seen.lo & ~(BNW - 1)), ke = min(k_end, seen.hi);
 
     const uint32_t wbase = sQ + (uint32_t)C::SMEM_Q + warp * C::WARP_SMEM;
     auto kbuf = [&](int i) { return wbase + (uint32_t)(i % C::STAGES) * 2 * C::TILE; };
@@ -353,18 +347,21 @@ __global__ void __launch_bounds__(C::THREADS) decode_sm80_kernel(const __grid_co
     const uint32_t q_off = ((lane & 15) * LD + (lane >> 4) * 8) * 2;
     const uint32_t k_off = ((((lane >> 4) << 3) + (lane & 7)) * LD + ((lane >> 3) & 1) * 8) * 2;
     const uint32_t v_off = (((((lane >> 3) & 1) << 3) + (lane & 7)) * LD + (lane >> 4) * 8) * 2;
-    /* per-thread rows g and g + 8: their key ranges and ALiBi slopes */
-    int lo_r[2], hi_r[2], c_r[2];
+    /* per-thread rows g and g + 8 (query tokens t_r): their key ranges, the keys both see
+       (a tile inside them needs no mask), and ALiBi slopes */
+    int lo_r[2], hi_r[2], c_r[2], t_r[2];
     float slope_r[2];
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
         const int pr = min(row0 + g + hr * 8, a.rows - 1);
-        lo_r[hr] = lo_of(pr);
-        hi_r[hr] = hi_of(pr);
-        c_r[hr] = pr / a.group + diag;
+        t_r[hr] = pr / a.group;
+        lo_r[hr] = fa_rows_lo(rk(), t_r[hr]);
+        hi_r[hr] = fa_rows_hi(rk(), t_r[hr]);
+        c_r[hr] = t_r[hr] + diag;
         const int h = hk * a.group + pr % a.group;
         slope_r[hr] = alibi_slope_log2(a.m, b, h);
     }
+    const fa_range both = fa_rows_common(rk(), t_r[0], t_r[1] + 1);
 
     for (int i = 0; i < ntiles; i++) {
         const int j0 = first + i * step;
@@ -393,8 +390,7 @@ __global__ void __launch_bounds__(C::THREADS) decode_sm80_kernel(const __grid_co
             }
         }
         float mul = a.m.scale_log2;
-        const bool edge = !(j0 >= lo_r[0] && j0 >= lo_r[1] && j0 + BNW <= hi_r[0] &&
-                            j0 + BNW <= hi_r[1] && j0 + BNW <= ke);
+        const bool edge = !(fa_range_holds(both, j0, j0 + BNW) && j0 + BNW <= ke);
         if (fancy || __any_sync(0xffffffffu, edge)) {
             mul = 1.f;
 #pragma unroll
@@ -528,8 +524,7 @@ cudaError_t decode_sm80_run(const DecodeArgs &a, int row_blocks, int heads_kv, i
                                        int batch, cudaStream_t st) {                          \
         using C = DecodeCfg<D_>;                                                              \
         auto kern = decode_sm80_kernel<T, C>;                                                 \
-        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                             (int)C::SMEM);                                   \
+        cudaError_t e = (cudaError_t)fa_cuda_smem_limit((const void *)kern, (int)C::SMEM);    \
         if (e != cudaSuccess) return e;                                                       \
         kern<<<dim3(row_blocks * a.num_splits, heads_kv, batch), C::THREADS, C::SMEM, st>>>(a); \
         return cudaGetLastError();                                                            \

@@ -112,15 +112,12 @@ __global__ void __launch_bounds__(C::THREADS)
     if (row0 >= sq) return;
     const int rows = min(BM, sq - row0);
 
-    /* the key range of the block: rows' ranges [lo(i), hi(i)) grow with i */
+    /* the block's keys (rows.h): the tiles of those some row sees are visited, and a tile
+       inside those every row sees needs no mask */
+    auto rk = [&]() { return fa_rows_of(sq, sk, a.m.win_left, a.m.win_right); };
     const int diag = sk - sq; /* c(i) = i + diag */
-    auto lo_of = [&](int i) { return a.m.win_left < 0 ? 0 : max(0, i + diag - a.m.win_left); };
-    auto hi_of = [&](int i) {
-        return a.m.win_right < 0 ? sk : min(sk, i + diag + a.m.win_right + 1);
-    };
-    const int first_row = row0, last_row = row0 + rows - 1;
-    const int n_lo = lo_of(first_row), n_hi = hi_of(last_row);
-    const int lo_max = lo_of(last_row), hi_min = hi_of(first_row);
+    const fa_range ktiles = fa_range_tiles(fa_rows_union(rk(), row0, row0 + rows), BN);
+    const fa_range every = fa_rows_common(rk(), row0, row0 + rows);
 
     const T *qg = (const T *)a.q + bq * a.q_sb + (int64_t)(q0 + row0) * a.q_st + h * a.q_sh;
     const T *kg = (const T *)a.k + bk * a.k_sb + (int64_t)k0 * a.k_st + hk * a.k_sh;
@@ -142,8 +139,8 @@ __global__ void __launch_bounds__(C::THREADS)
     const float slope = alibi_slope_log2(a.m, b, h);
     const bool fancy = a.m.softcap > 0.f || a.m.alibi != nullptr; /* uniform per launch */
 
-    if (n_hi > n_lo) {
-        const int nb_first = n_lo / BN, nb_last = (n_hi - 1) / BN;
+    if (ktiles.hi > ktiles.lo) {
+        const int nb_first = ktiles.lo, nb_last = ktiles.hi - 1;
         load_tile<BM, D, LD, C::THREADS>(sQ, (const char *)qg, a.q_st * 2, rows, a.d, tid);
         load_tile<BN, D, LD, C::THREADS>(k_buf(nb_last), (const char *)(kg + (int64_t)nb_last * BN * a.k_st),
                                          a.k_st * 2, sk - nb_last * BN, a.d, tid);
@@ -196,7 +193,7 @@ __global__ void __launch_bounds__(C::THREADS)
             }
 
             /* K(nb-1) only now: issued at the top, its copies (address arithmetic, LSU slots)
-               delayed the first fragment loads of the product above (measured: +1-3%) */
+               delayed the first fragment loads of the product above (fwd_sm80.md) */
             if (nb > nb_first) {
                 const int kn = (nb - 1) * BN;
                 load_tile<BN, D, LD, C::THREADS>(k_buf(nb - 1), (const char *)(kg + (int64_t)kn * a.k_st),
@@ -224,13 +221,14 @@ __global__ void __launch_bounds__(C::THREADS)
                     }
             }
             /* masking only where the tile straddles a mask edge or the end of the keys */
-            if (!(kcol0 >= lo_max && kcol0 + BN <= hi_min)) {
+            if (!fa_range_holds(every, kcol0, kcol0 + BN)) {
 #pragma unroll
                 for (int i = 0; i < MT; i++)
 #pragma unroll
                     for (int hr = 0; hr < 2; hr++) {
                         const int r = row0 + warp * C::WM + i * 16 + g + hr * 8;
-                        const int lo = lo_of(r) - kcol0 - t4 * 2, hi = hi_of(r) - kcol0 - t4 * 2;
+                        const int lo = fa_rows_lo(rk(), r) - kcol0 - t4 * 2;
+                        const int hi = fa_rows_hi(rk(), r) - kcol0 - t4 * 2;
 #pragma unroll
                         for (int j = 0; j < NT; j++)
 #pragma unroll
@@ -351,8 +349,7 @@ template <typename T, typename C>
 cudaError_t fwd_sm80_launch(const FwdArgs &a, int batch, int heads, int max_sq,
                             cudaStream_t stream) {
     auto kern = fwd_sm80_kernel<T, C>;
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)C::SMEM);
+    cudaError_t e = (cudaError_t)fa_cuda_smem_limit((const void *)kern, (int)C::SMEM);
     if (e != cudaSuccess) return e;
     dim3 grid((max_sq + C::BM - 1) / C::BM, heads, batch);
     kern<<<grid, C::THREADS, C::SMEM, stream>>>(a);

@@ -1,6 +1,7 @@
 /*
  * cuda/fwd_sm90.cu — the host side of the Hopper forward (kernel: fwd_sm90.cuh): the tensor
- * maps, what the kernel refuses, the work-tile parameters, the bring-up switches and the launch.
+ * maps, what the kernel refuses, the choices of tune_sm90.h (or those a test forces), the
+ * work-tile parameters and the launch.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,68 +26,29 @@ template <typename F> auto with_cfg(int D, bool lng, F f) {
     }
 }
 
-/* Whether p takes the Long tiling: where the GPU runs found it faster (bench/NOTES.md, d 64
-   from 2048 keys, d 128 from 8192, d 256 but for masks over at most 512 keys);
-   FLASHATTN_SM90_TILES=short|long overrides. */
-bool long_tiles(const fa_problem *p, int D, int choice, bool masked) {
-    if (choice) return choice == 2;
-    if (D == 64) return p->seqlen_k >= 2048;
-    if (D == 256) return !(masked && p->seqlen_k <= 512);
-    return D == 128 && p->seqlen_k >= 8192;
-}
-
 /* Whether the series kernel (fwd_sm90_serial.cuh) takes p: it serves problems without varlen,
-   softcap or ALiBi, and stores O by the copy engine only (o_map: O's strides allow a map).
-   By default it takes what the GPU runs found it faster on than the overlapped kernel
-   (bench/NOTES.md): masked rows up to 1024 keys (d 128 causal 512 +3-6%, d 256 causal 512
-   +10%), at d 256 up to 2048 (+4-6% there; d 128 causal 2048 runs 2% faster overlapped, d 64
-   on the 192-row tiles with their consumers' unseen key tiles skipped +1-2%), unmasked ones
-   up to 512 keys, at d 256 up to 1024 (its 128-key tiles against 80). Beyond, the
-   overlapped kernel's S of the next key tile under P V (d 64/128) and d 256's 80-key tiles
-   with that overlap win by 2-10%.
-   Choice 1 forces it wherever it serves, 2 keeps the overlapped kernel. */
+   softcap or ALiBi whose O its copy engine can store (o_map), and runs those where
+   serial_wins (tune_sm90.h). Choice 1 forces it wherever it serves, 2 keeps the overlapped
+   kernel. */
 bool serial_for(const fa_problem *p, int D, int choice, bool masked, bool o_map) {
     const bool serves = !p->cu_q && !(p->softcap > 0.f) && !p->alibi && o_map;
     if (!serves || choice == 2) return false;
-    return choice == 1 || p->seqlen_k <= (masked ? (D == 256 ? 2048 : 1024) : D == 256 ? 1024 : 512);
-}
-
-/* The consumer schedule of a two-consumer tiling where FLASHATTN_SM90_SCHEDULE leaves it to the
-   kernel: the ping-pong turns where the GPU runs found them faster, else the free overlap.
-   Unmasked rows of at most 1024 keys (d 64 512/1024 +5-6%, d 128 and d 256 at 512 +1-5%;
-   level from 2048: results/2026-11-25-h100-sm90-pingpong.md), and d 128 under a mask
-   (causal 2048 +2.8%, 4096 +0.9%, 8192 on the 176-key tiles +1.3%, four alternating
-   rounds: results/2026-11-27-h100-sm90-nineteenth.md; at most 1024 keys the series kernel
-   takes these). Not varlen, whose tiles differ in length. */
-int schedule_of(const fa_problem *p, int D, bool masked) {
-    if (p->cu_q) return OVERLAP;
-    return masked ? (D == 128 ? PINGPONG : OVERLAP) : p->seqlen_k <= 1024 ? PINGPONG : OVERLAP;
-}
-
-/* The L2 budget in MB of a tile group's K and V (tile_of's order: the group's (batch, head)
-   pairs at one query block, then at the next) where FLASHATTN_SM90_L2MB leaves it; kv_bytes
-   is a pair's K and V. Unmasked: 0, one pair a group, so a pair's query blocks run together
-   and its K/V comes from DRAM once; with 12 MB groups the H100 read 16-22% more DRAM than the
-   tensors (ncu, d 256 x 512: 298 MB, 141.7 us against 256 MB, 133.7 us with one pair; d 128
-   x 2048: 427.7 against 421.1 us; the sweep +6% and +3% there). Masked: groups, which hand
-   the longest query blocks of many pairs out first (one pair a group: d 64 causal 2048 -4%,
-   d 256 causal 2048 -3%): 48 MB where a pair's K/V is 2 MB or more (12 MB would hold 1-3
-   pairs: d 128 causal 4096/8192 +2/+3%, d 256 causal 4096/8192 +3/+5% in two rounds, d 256
-   causal 2048 +4% in one call, level in another), else 12 (d 64 causal 1024/2048 -7% with
-   48, d 128 causal 2048 -2%). bench/NOTES.md, sixteenth and seventeenth sessions. */
-double l2mb_for(bool masked, double kv_bytes) {
-    return !masked ? 0.0 : kv_bytes >= 2.0 * 1024 * 1024 ? 48.0 : 12.0;
+    return choice == 1 || serial_wins(p, D, masked);
 }
 
 /* Whether this build holds sm_90a code for the kernel (a build without it has only the empty
-   body of the other targets' pass). */
+   body of the other targets' pass). Asked once: a fact of the build, and the query is a share
+   of a small call's host time (perf python_door P1). */
 template <typename C> bool has_sm90a() {
-    cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, fwd_sm90_kernel<__half, C, OVERLAP>) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-    }
-    return fa.binaryVersion == 90;
+    static const bool yes = [] {
+        cudaFuncAttributes fa;
+        if (cudaFuncGetAttributes(&fa, fwd_sm90_kernel<__half, C, OVERLAP>) != cudaSuccess) {
+            cudaGetLastError();
+            return false;
+        }
+        return fa.binaryVersion == 90;
+    }();
+    return yes;
 }
 
 /* Why this kernel cannot take p (NULL: it can). */
@@ -104,8 +66,7 @@ const char *refusal(const fa_problem *p, const fa_cuda_launch *l) {
 /* kern (a kernel of tiling C) on grid blocks */
 template <typename C, typename K>
 cudaError_t launch_kernel(K kern, const Args &a, int grid, cudaStream_t st) {
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)C::SMEM);
+    cudaError_t e = (cudaError_t)fa_cuda_smem_limit((const void *)kern, (int)C::SMEM);
     if (e != cudaSuccess) return e;
     kern<<<grid, C::THREADS, C::SMEM, st>>>(a);
     return cudaGetLastError();
@@ -129,103 +90,21 @@ template <typename F> auto with_tiling(bool serial, int D, bool lng, F f) {
     return serial ? with_serial(D, f) : with_cfg(D, lng, f);
 }
 
-/* bring-up switches until the GPU has chosen: FLASHATTN_SM90_<name>=<one of vals> (index),
-   else 0 */
-int env_choice(const char *name, const char *const *vals, int n) {
-    const char *e = getenv(name);
-    for (int i = 0; e && i < n; i++)
-        if (strcmp(e, vals[i]) == 0) return i;
-    return 0;
-}
+/* The choices forced on every later call (fa_sm90_fwd_force_set; zero: the table's). */
+fa_sm90_fwd_force g_force;
 
-/*
- * Bring-up switches (the GPU runs chose the defaults; bench/NOTES.md has each A/B):
- *   FLASHATTN_SM90_SCHEDULE=auto|overlap|pingpong   consumer schedule (auto: schedule_of)
- *   FLASHATTN_SM90_CROSS=1|0|joint   the pipeline runs on across work tiles (joint: with one
- *       Q buffer too, the next tile's first S issued with this tile's last P V)
- *   FLASHATTN_SM90_OSTORE=tma|direct   O by the copy engine through the Q buffer, or by threads
- *   FLASHATTN_SM90_QEARLY=1|0     the next tile's Q early in this one (as early as the Q
- *       buffers allow: fwd_sm90.cuh), or after its last K/V
- *   FLASHATTN_SM90_KVFIRST=1|0    with one Q buffer, the next tile's first K/V before its Q
- *   FLASHATTN_SM90_ALIGN=end|start   a sequence's query blocks end at its last row, or start
- *       at its first
- *   FLASHATTN_SM90_LAZY=<0..8>    softmax rescale threshold, log2 units (0: every increase)
- *   FLASHATTN_SM90_L2MB=<MB>      L2 budget of a tile group's K/V (0: one pair; default
- *       l2mb_for's choice)
- *   FLASHATTN_SM90_TILES=auto|short|long   the tiling (Tiles; auto: long_tiles's choice)
- *   FLASHATTN_SM90_SERIAL=auto|1|0   the series kernel (fwd_sm90_serial.cuh) wherever it serves
- *       the problem (1), the overlapped one (0), or as serial_for picks (auto; the overlapped
- *       one where FLASHATTN_SM90_TILES or _SCHEDULE is set)
- *   FLASHATTN_SM90_HALF=1|0       the series kernel's half-width first key tile where a
- *       consumer's rows see only its first half (the causal diagonal's consumer 0)
- *   FLASHATTN_SM90_GRID=persistent|tiles|static|dynamic|<n>   persistent (default): one block
- *       per SM looping over the tiles, in the dynamic order where tiles differ in length
- *       (masks, varlen), are short (at most 512 keys) or have several Q buffers (it needs
- *       the workspace's counter), else static; tiles: one block per tile; static/dynamic:
- *       persistent in that order; n: at most n blocks (the tests use a small n so that
- *       every block takes several tiles)
- */
-struct Switches {
-    int sched, cross, o_tma, q_early, kv_first, align_end, gmode, blocks, tiles, serial, half;
-    float lazy;
-    double l2mb;
-};
-Switches switches() {
-    static const char *const sched_vals[] = {"auto", "overlap", "pingpong"};
-    static const char *const on_off[] = {"1", "0"};
-    static const char *const cross_vals[] = {"1", "0", "joint"};
-    static const char *const ostore_vals[] = {"tma", "direct"};
-    static const char *const grid_vals[] = {"persistent", "tiles", "static", "dynamic"};
-    Switches w;
-    w.sched = env_choice("FLASHATTN_SM90_SCHEDULE", sched_vals, 3) - 1; /* -1: auto */
-    static const int cross_of[] = {1, 0, 2};
-    w.cross = cross_of[env_choice("FLASHATTN_SM90_CROSS", cross_vals, 3)];
-    w.o_tma = env_choice("FLASHATTN_SM90_OSTORE", ostore_vals, 2) == 0;
-    w.q_early = env_choice("FLASHATTN_SM90_QEARLY", on_off, 2) == 0;
-    w.kv_first = env_choice("FLASHATTN_SM90_KVFIRST", on_off, 2) == 0;
-    static const char *const align_vals[] = {"end", "start"};
-    w.align_end = env_choice("FLASHATTN_SM90_ALIGN", align_vals, 2) == 0;
-    const char *lazy = getenv("FLASHATTN_SM90_LAZY");
-    w.lazy = lazy ? (float)atof(lazy) : 8.f;
-    if (!(w.lazy >= 0.f && w.lazy <= 8.f)) w.lazy = 8.f; /* P stays below 2^8: what was tested */
-    const char *l2 = getenv("FLASHATTN_SM90_L2MB");
-    w.l2mb = l2 ? atof(l2) : -1.0; /* -1: l2mb_for's choice */
-    w.gmode = env_choice("FLASHATTN_SM90_GRID", grid_vals, 4);
-    static const char *const tiles_vals[] = {"auto", "short", "long"};
-    w.tiles = env_choice("FLASHATTN_SM90_TILES", tiles_vals, 3);
-    static const char *const serial_vals[] = {"auto", "1", "0"};
-    w.serial = env_choice("FLASHATTN_SM90_SERIAL", serial_vals, 3);
-    w.half = env_choice("FLASHATTN_SM90_HALF", on_off, 2) == 0;
-    const char *g = getenv("FLASHATTN_SM90_GRID");
-    w.blocks = g && atoi(g) > 0 ? atoi(g) : 0;
-    return w;
-}
-
-#ifdef FA_SM90_TRACE
-/* the call's timeline (trace_sm90.cuh) to FLASHATTN_SM90_TRACE_FILE: per block and role the
-   event count (int32), then TRACE_EVENTS (tag, clock) pairs; every call overwrites it */
-void trace_dump(cudaStream_t st) {
-    const char *path = getenv("FLASHATTN_SM90_TRACE_FILE");
-    if (!path || cudaStreamSynchronize(st) != cudaSuccess) return;
-    static int len[TRACE_BLOCKS * TRACE_ROLES];
-    static uint2 buf[TRACE_BLOCKS * TRACE_ROLES * TRACE_EVENTS];
-    if (cudaMemcpyFromSymbol(len, trace_len, sizeof len) != cudaSuccess ||
-        cudaMemcpyFromSymbol(buf, trace_buf, sizeof buf) != cudaSuccess)
-        return;
-    FILE *f = fopen(path, "wb");
-    if (!f) return;
-    const int hdr[3] = {TRACE_BLOCKS, TRACE_ROLES, TRACE_EVENTS};
-    fwrite(hdr, sizeof hdr, 1, f);
-    fwrite(len, sizeof len, 1, f);
-    fwrite(buf, sizeof buf, 1, f);
-    fclose(f);
-    static const int zero[TRACE_BLOCKS * TRACE_ROLES] = {0};
-    cudaMemcpyToSymbol(trace_len, zero, sizeof zero);
-}
+#ifdef FA_BRINGUP
+#include "fwd_sm90_bringup.cuh" /* forced() with the environment's A/B switches; trace_dump */
+#else
+fa_sm90_fwd_force forced() { return g_force; }
 #endif
 
 } // namespace sm90
 } // namespace fa
+
+extern "C" void fa_sm90_fwd_force_set(const fa_sm90_fwd_force *f) {
+    fa::sm90::g_force = f ? *f : fa_sm90_fwd_force{};
+}
 
 extern "C" int fa_sm90_fwd_covers(const fa_problem *p) { return fa::sm90::kernel_dim(p->d) != 0; }
 
@@ -236,20 +115,20 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
         snprintf(l->msg, sizeof l->msg, "the sm90 forward does not take %s", why);
         return FA_ERR_UNSUPPORTED;
     }
-    const Switches sw = switches();
+    const fa_sm90_fwd_force f = forced();
     const int D = kernel_dim(p->d);
     const bool masked = p->win_left >= 0 || p->win_right >= 0;
-    const bool lng = long_tiles(p, D, sw.tiles, masked);
+    const bool lng = f.tiles ? f.tiles == 2 : long_tiles(p, D, masked);
     /* varlen: one sequence of all the tokens, batch 1 */
     const int64_t nb = p->cu_q ? 1 : p->batch;
     const int64_t tq = p->cu_q ? p->total_q : p->seqlen_q, tk = p->cu_q ? p->total_k : p->seqlen_k;
     Args a;
     memset(&a, 0, sizeof a);
     /* O through the copy engine where its strides allow a map (else the threads store it) */
-    a.o_tma = sw.o_tma && make_map(&a.to, &p->o, p->dtype, D, p->heads_q, tq, nb, O_ROWS) == CUDA_SUCCESS;
+    a.o_tma = make_map(&a.to, &p->o, p->dtype, D, p->heads_q, tq, nb, O_ROWS) == CUDA_SUCCESS;
     /* a forced tiling or schedule is the overlapped kernel's (the test entries that force them
        keep covering it), unless the series kernel is forced too */
-    const int serial_choice = sw.serial ? sw.serial : sw.tiles || sw.sched >= 0 ? 2 : 0;
+    const int serial_choice = f.serial ? f.serial : f.tiles || f.schedule ? 2 : 0;
     const bool serial = serial_for(p, D, serial_choice, masked, a.o_tma);
     const int BN = with_tiling(serial, D, lng, [](auto c) { return decltype(c)::BN; });
     const int BM = with_tiling(serial, D, lng, [](auto c) { return decltype(c)::BM; });
@@ -286,7 +165,7 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.mblocks = (int)((p->seqlen_q + BM - 1) / BM);
     const int64_t tiles = (int64_t)a.mblocks * a.heads * a.batch;
     const double kv_bytes = 4.0 * (double)p->seqlen_k * (double)D / (double)p->group;
-    const double l2mb = sw.l2mb >= 0 ? sw.l2mb : l2mb_for(masked, kv_bytes);
+    const double l2mb = f.pairs ? 0.0 : l2mb_for(masked, kv_bytes);
     const double fit = l2mb * 1024 * 1024 / (kv_bytes > 1 ? kv_bytes : 1);
     a.group_hb = (int)(fit < 1 ? 1 : fit > a.heads * a.batch ? a.heads * a.batch : fit);
     if (tiles > INT32_MAX / 2) { /* tile indices run up to tiles + grid in an int */
@@ -300,35 +179,23 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.div_gsz = FastDiv::of((uint32_t)a.group_hb);
     a.div_gsz_last = FastDiv::of((uint32_t)(pairs - (groups - 1) * a.group_hb));
 
-    a.cross = sw.cross;
-    a.q_early = sw.q_early;
-    a.kv_first = sw.kv_first;
-    a.align_end = sw.align_end && !serial; /* the series kernel's O copies start at row 0 */
-    a.lazy = sw.lazy;
-    a.half_tiles = sw.half;
+    a.lazy = LAZY;
     const bool uneven = a.m.win_left >= 0 || a.m.win_right >= 0 || p->cu_q;
     /* the ping-pong turns are written for two consumers */
     const int sched = BM != 128 || serial ? (int)OVERLAP
-                      : sw.sched >= 0 ? sw.sched : schedule_of(p, D, masked);
-    const int gmode = sw.gmode;
-    /* the dynamic order where tiles differ in length, where they are short, and in the
-       tilings with two Q buffers or more (both at d 64, d 128's short): equal tiles in the
-       static order keep the blocks in step, all loading their next Q at once (d 128/256 at
-       512 keys +1.5/+2.5% in three rounds, results/2026-11-25-h100-sm90-short-rows.md; d 128
-       2048 +8% in three rounds and +9% in another call, 4096 +1.4%, d 64 1024 +1.7%,
-       2048/4096 level; the one-Q-buffer d 256 2048/4096 -1%:
-       results/2026-11-25-h100-sm90-align.md) */
+                      : f.schedule ? f.schedule - 1 : schedule_of(p, D, masked);
+    /* the persistent grid: one block per SM (or the forced count), its tiles in the dynamic
+       order (a counter in the workspace) or the static one (dynamic_order) */
     const int nq = with_tiling(serial, D, lng, [](auto c) { return decltype(c)::NQ; });
-    const bool dynamic = l->ws && l->ws_bytes >= 4 &&
-                         (gmode == 3 || (gmode == 0 && (uneven || p->seqlen_k <= 512 || nq >= 2)));
-    const int blocks = sw.blocks > 0 ? sw.blocks : l->num_sms > 0 ? l->num_sms : 1;
-    const int grid = gmode != 1 && a.tiles > blocks ? blocks : a.tiles;
+    const bool dynamic = l->ws && l->ws_bytes >= 4 && dynamic_order(p, uneven, nq);
+    const int blocks = f.blocks > 0 ? f.blocks : l->num_sms > 0 ? l->num_sms : 1;
+    const int grid = a.tiles > blocks ? blocks : a.tiles;
     static const char *const sched_name[] = {"", "_pingpong"};
     const cudaStream_t st = (cudaStream_t)l->stream;
     cudaError_t e = cudaSuccess;
     if (dynamic && grid < a.tiles) { /* the kernel leaves it zero (next_tile) */
         a.counter = (int *)l->ws;
-        if (EXPT == 50 || !fa_cuda_ws_zero(l, a.counter, sizeof(int)))
+        if (!fa_cuda_ws_zero(l, a.counter, sizeof(int)))
             e = cudaMemsetAsync(a.counter, 0, sizeof(int), st);
         l->left_zero = a.counter;
         l->left_zero_bytes = sizeof(int);

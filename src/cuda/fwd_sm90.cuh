@@ -11,15 +11,15 @@
  *   warpgroups 1 .. NC, the consumers: 64 query rows each. Per key tile:
  *       S = Q K^T      wgmma m64n{BN}k16, A and B from shared memory (K-major), D/16 k-steps
  *       mask / online softmax in registers (running max and sum; O rescaled only when the
- *                      max grows by more than 2^8, `lazy`), P to 16 bits in the A-fragment
+ *                      max grows by more than 2^LAZY), P to 16 bits in the A-fragment
  *                      layout (C-to-A identity, ptx.cuh)
  *       O += P V       wgmma m64n{D}k16, A from registers, B = V from shared memory (MN-major)
  *     S of key tile j + 1 is issued with P V of tile j (across work tiles too). At d 256 the
  *     softmax of j + 1 runs while the latter finishes (FENCED); at d 64/128 it runs after it,
  *     against the running max straight into P (exp_at_max), while the other consumers'
  *     products hold the tensor cores. K is released after S, V after P V.
- *     Schedule PINGPONG adds turns between the two consumers (fwd_sm90.cu's schedule_of
- *     picks it for unmasked rows of up to 1024 keys). O leaves through the finished tile's Q
+ *     Schedule PINGPONG adds turns between the two consumers (tune_sm90.h's schedule_of
+ *     picks it). O leaves through the finished tile's Q
  *     buffer and the copy engine where there are two Q buffers or more, else from the threads
  *     (`store`); with one Q buffer the last P V of a tile goes first and the next tile's Q is
  *     awaited under it (at d 256 while O is stored).
@@ -35,7 +35,7 @@
  *   K   [stage][panel][BN keys][128 B]             D / 64 x BN x 128 B per stage
  *   V   [stage][panel][BN keys][128 B]             same
  *   mbarriers (Q full/empty per buffer, K and V full/empty per stage), the buffers' tiles
- * Tilings per head dim: Tiles below (fa_sm90_fwd picks the short or the long one).
+ * Tilings per head dim: tune_sm90.h's Tiles (fa_sm90_fwd picks the short or the long one).
  */
 #ifndef FA_CUDA_FWD_SM90_CUH
 #define FA_CUDA_FWD_SM90_CUH
@@ -47,34 +47,15 @@
 #include "ptx.cuh"
 #include "score_mods.cuh"
 #include "trace_sm90.cuh"
+#include "tune_sm90.h"
 #include "wgmma.cuh"
 
 namespace fa {
 namespace sm90 {
 
-/* Experiment builds (-DFA_SM90_EXPT=n, bench/sm90_expt.sh; wrong results, for timing the
-   kernel's parts): 1 V not loaded, 2 neither K nor V; in the key loop 3 no softmax, 4 no S,
-   5 no P V; with right results, 6 the other wait for P V (FENCED's opposite), 8 the key
-   loop's softmax without the running-max path (AT_MAX), 12 O into the Q buffer by 4-byte
-   stores and one copy per warpgroup (O_ROWS 64), 13 with one Q buffer the hand-over works
-   out the next tile (tile_of) before its first S instead of under it, 17 at d 256 O stored
-   under the next tile's first S instead of while its Q is awaited (STORE_FIRST), 50 the
-   tile counter cleared by a memset before every call (next_tile), 53 d 64's long tiling on
-   three ring stages instead of four, 66 a tile's key tiles from the last to the first (ASC).
-   0 (the default) is the kernel. */
-#ifndef FA_SM90_EXPT
-#define FA_SM90_EXPT 0
-#endif
-constexpr int EXPT = FA_SM90_EXPT;
-/* A tile's key tiles go from the first to the last, so that under a causal mask the diagonal
-   (masked) ones come at the end of the key loop, where their masks run beside the products,
-   and the hand-over's first softmax, which nothing overlaps, is an unmasked one: d 64
-   causal 2048/4096 +2-3%, d 128 causal 2048 +4-10% (bench/NOTES.md, 2026-11-27,
-   twenty-first session). Descending (EXPT 66) was FlashAttention's order. */
-constexpr bool ASC = EXPT != 66;
 /* rows of O per copy-engine store (the O map's box): a warp's 16, so that no warp waits for
-   the others of its warpgroup before its rows leave */
-constexpr int O_ROWS = EXPT == 12 ? 64 : 16;
+   the others of its warpgroup before its rows leave (perf fwd_sm90 K7) */
+constexpr int O_ROWS = 16;
 /* a compile-time count as an argument (the product shapes and unrolled loops it sizes) */
 template <int N> struct Int {
     static constexpr int value = N;
@@ -87,13 +68,13 @@ constexpr int NO_KEYS = 1 << 30;
    3 it is asked for at the tile's first K/V, as no O copy still holds its buffer). NC consumer
    warpgroups of 64 query rows each (a work tile is BM = 64 NC rows); the producer keeps
    REG_P registers and the consumers take the rest (setmaxnreg). */
-template <int D_, int BN_, int STAGES_, int NQ_, int NC_ = 2, int REG_P_ = 40> struct Cfg {
+template <int D_, int BN_, int STAGES_, int NQ_, int NC_, int REG_P_> struct Cfg {
     static constexpr int D = D_, BN = BN_, STAGES = STAGES_, NQ = NQ_, PANELS = D / 64;
     static constexpr int NC = NC_, BM = 64 * NC, THREADS = 128 * (NC + 1), CTHREADS = 128 * NC;
+    static constexpr bool ALIGN_END = true; /* tile_of: blocks end at a sequence's last row */
     /* setmaxnreg moves registers within the block's launch allocation (THREADS x what
        ptxas gives a thread at launch: a multiple of 8 that fits 64K): the producer's release
-       has to cover the consumers' raise, else the raise waits for ever (as a four-consumer
-       tiling did at (512 - REG_P) / NC: results/2026-11-25-h100-sm90-tilings.md) */
+       has to cover the consumers' raise, else the raise waits for ever (perf fwd_sm90 K2) */
     static constexpr int REG_P = REG_P_, REG_LAUNCH = 65536 / THREADS / 8 * 8;
     static constexpr int REG_C = (REG_LAUNCH * THREADS / 128 - REG_P) / NC / 8 * 8;
     static constexpr uint32_t Q_PANEL = 64 * 128, Q_WG = PANELS * Q_PANEL; /* bytes */
@@ -104,35 +85,6 @@ template <int D_, int BN_, int STAGES_, int NQ_, int NC_ = 2, int REG_P_ = 40> s
     static constexpr size_t SMEM = OFF_TILE + 4 * NQ + 1024; /* + aligning */
     static_assert(D % 64 == 0 && BN % 16 == 0 && KV_PANEL % 1024 == 0, "1024-byte tiles");
 };
-/* Per head dim two tilings: C, and Long for long key sequences (fa_sm90_fwd picks; they differ
-   where wider tiles pay off only once a row has many key tiles). */
-template <int D> struct Tiles;
-/* d 64 short: 128 keys, 3 stages, 3 Q buffers (144 KB). Long: three consumers (192-row
-   tiles, FA3's d 64 shape): a third warpgroup's products to hide the softmax behind (as long
-   as the products at this head dim); 24/160 registers (spills outside the key loop); four
-   stages (176 KB; the smem has room beside two Q buffers): the producer's lead over the
-   loads' latency one key tile longer, +1-2% at 4096/8192 keys, level at 2048 (EXPT 53
-   against 0, three rounds: results/2026-11-27-h100-sm90-nineteenth.md) */
-template <> struct Tiles<64> {
-    using C = Cfg<64, 128, 3, 3>;
-    using Long = Cfg<64, 128, EXPT == 53 ? 3 : 4, 2, 3, 24>;
-};
-/* d 128 short: 128 keys, 2 stages, 3 Q buffers (224 KB). Long: 176-key tiles (FA3's
-   non-causal d 128): fewer per-tile reductions and waits; the ring then leaves room for one Q
-   buffer only (208 KB; O stored by the threads); 24/240 registers */
-template <> struct Tiles<128> {
-    using C = Cfg<128, 128, 2, 3>;
-    using Long = Cfg<128, 176, 2, 1, 2, 24>;
-};
-/* d 256: 1 Q buffer, 2 stages. Long: 80 keys (as FlashAttention-3; 224 KB): S's 40 registers
-   still fit beside O's 128. Short: 64 keys (192 KB), which split powers of two and the causal
-   diagonal of 128-row tiles without a partly used key tile (512 = 6 x 80 + 32): at 512 keys
-   causal +4%, unmasked level, slower from 1024 (the extra iterations' waits) */
-template <> struct Tiles<256> {
-    using C = Cfg<256, 64, 2, 1>;
-    using Long = Cfg<256, 80, 2, 1>;
-};
-
 /* Division by a launch constant d (1 <= d < 2^31) of n in [0, 2^31) as a multiply-high and a
    shift (the round-up method: l = ceil(log2 d), m = 2^32 (2^l - d) / d + 1, n / d =
    (umulhi(n, m) + n) >> l): tile_of runs at every hand-over, and its divisions would take
@@ -162,32 +114,25 @@ struct Args {
     FastDiv div_group, div_heads, div_gsz, div_gsz_last; /* by per group, heads, group sizes */
     int *counter; /* persistent grid, dynamic order: the next tile to take (zero at the
                      start of a call, and left zero: next_tile) */
-    int cross;    /* the pipeline runs on across work tiles (bring-up switch; 2: with one Q
-                     buffer as with more, the next tile's Q awaited before the last P V) */
-    int o_tma;    /* O leaves through the tile's Q buffer and the copy engine (NQ >= 2) */
-    int q_early;  /* the next tile's Q is loaded early in this one (NQ >= 2) */
-    int kv_first; /* with one Q buffer the next tile's first K/V goes before its Q */
-    int align_end; /* a sequence's query blocks end at its last row (tile_of) */
-    float lazy;   /* the running max moves only when it grows by more than this (log2) */
-    int half_tiles; /* the series kernel narrows a consumer's half-seen first key tile */
+    /* m before the two below: after them ptxas spills more in d 64's long tiling (perf fwd_sm90
+       K13) */
     ScoreMods m; /* windows (causal: right window 0, bottom-right), scale, softcap, ALiBi */
+    int o_tma;    /* O leaves through the tile's Q buffer and the copy engine (NQ >= 2) */
+    float lazy;   /* LAZY, passed at launch: as a compile-time constant ptxas spills at d 64
+                     (perf fwd_sm90 K13) */
 };
 
 /* The work tile a block takes after t: the grid's stride (static), or the next of the counter
    (dynamic). A call's draws from the counter are 0 .. tiles - 1 exactly: every block stops at
    its first draw past the tiles (grid draws) and the others took a tile each (tiles - grid).
    So the draw of tiles - 1 is the call's last, and it sets the counter back to zero for the
-   next call, which then needs no memset (fa_sm90_fwd, cudaMemsetAsync: ~1 us of GPU time and
-   a launch gap per call). */
+   next call, which then needs no memset and its launch gap (perf fwd_sm90 K12). */
 __device__ __forceinline__ int next_tile(const Args &a, int t) {
     if (!a.counter) return t + (int)gridDim.x;
     const int v = atomicAdd(a.counter, 1);
-    if (EXPT != 50 && v == a.tiles - 1) *a.counter = 0;
+    if (v == a.tiles - 1) *a.counter = 0;
     return v + (int)gridDim.x;
 }
-
-/* consumer schedules (schedule_of in fwd_sm90.cu; FLASHATTN_SM90_SCHEDULE overrides) */
-enum Schedule { OVERLAP = 0, PINGPONG = 1 };
 
 /* One work tile: query block m of head h in sequence b, and the key tiles it visits. */
 struct Tile {
@@ -195,7 +140,7 @@ struct Tile {
     int q0, k0, sq, sk; /* the sequence's first query and key tokens (varlen) and lengths */
     int row0, diag;     /* first query row; sk - sq (masks align bottom-right) */
     int t_first, ntiles; /* key tiles t_first .. t_first + ntiles - 1 */
-    int lo_max, hi_min;  /* keys in [lo_max, hi_min) are visible to every row of the block */
+    fa_range every;      /* the keys every row of the block sees (rows.h) */
 };
 
 /* What storing a tile's output needs of it. */
@@ -204,20 +149,25 @@ struct Out {
 };
 __device__ __forceinline__ Out out_of(const Tile &w) { return Out{w.row0, w.sq, w.q0, w.bo, w.h}; }
 
-/* The key tile that a work tile of key tiles t_first .. t_first + ntiles - 1 visits it-th
-   (ASC: from the first) */
+/* The key tile that a work tile of key tiles t_first .. t_first + ntiles - 1 visits it-th:
+   from the first to the last, so that under a causal mask the diagonal (masked) ones come at
+   the end of the key loop, where their masks run beside the products, and the hand-over's
+   first softmax, which nothing overlaps, is an unmasked one (perf fwd_sm90 K1) */
 __device__ __forceinline__ int key_tile(int t_first, int ntiles, int it) {
-    return ASC ? t_first + it : t_first + ntiles - 1 - it;
+    return t_first + it;
 }
 
-/* The key range [lo(i), hi(i)) of query row i, both ends non-decreasing in i (as in
-   fwd_sm80.cuh): a block visits the tiles of [lo(first row), hi(last row)), never loading the
-   others, and masks per element only tiles that cross an edge. */
+/* The mask of tile w's sequence (rows.h, the one rule): a block visits the key tiles some of
+   its rows see, never loading the others, and masks per element only tiles that not every row
+   sees whole. lo_of, hi_of: the key range [lo(i), hi(i)) of query row i. */
+__device__ __forceinline__ fa_rows rows_of(const Args &a, const Tile &w) {
+    return fa_rows_of(w.sq, w.sk, a.m.win_left, a.m.win_right);
+}
 __device__ __forceinline__ int lo_of(const Args &a, const Tile &w, int i) {
-    return a.m.win_left < 0 ? 0 : max(0, i + w.diag - a.m.win_left);
+    return fa_rows_lo(rows_of(a, w), i);
 }
 __device__ __forceinline__ int hi_of(const Args &a, const Tile &w, int i) {
-    return a.m.win_right < 0 ? w.sk : min(w.sk, i + w.diag + a.m.win_right + 1);
+    return fa_rows_hi(rows_of(a, w), i);
 }
 
 /* Scores of keys outside the ranges of rows r_lo and r_lo + 8 (past the sequence included)
@@ -302,13 +252,12 @@ __device__ __forceinline__ bool tile_of(const Args &a, int t, Tile &w) {
        are computed and never stored */
     const int nb = (w.sq + BM - 1) / BM;
     if (m_block >= nb) return false;
-    w.row0 = m_block * BM - (a.align_end ? nb * BM - w.sq : 0);
-    const int last_row = min(w.row0 + BM, w.sq) - 1;
-    const int n_lo = lo_of(a, w, w.row0), n_hi = hi_of(a, w, last_row);
-    w.lo_max = lo_of(a, w, last_row);
-    w.hi_min = hi_of(a, w, w.row0);
-    w.t_first = n_lo / BN;
-    w.ntiles = n_hi > n_lo ? (n_hi - 1) / BN - w.t_first + 1 : 0;
+    w.row0 = m_block * BM - (C::ALIGN_END ? nb * BM - w.sq : 0);
+    const int row_end = min(w.row0 + BM, w.sq);
+    const fa_range kt = fa_range_tiles(fa_rows_union(rows_of(a, w), w.row0, row_end), BN);
+    w.every = fa_rows_common(rows_of(a, w), w.row0, row_end);
+    w.t_first = kt.lo;
+    w.ntiles = kt.hi - kt.lo;
     return true;
 }
 
@@ -346,8 +295,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
 
     /* ---- the producer takes the tiles: the block's first is its index, then the grid's
        stride (static) or the next of a counter (dynamic: blocks that finish early take
-       more). Per tile it loads the K/V tiles from the first to the last (ASC: the diagonal
-       one under a causal mask last) through the ring, whose position (`ring`) runs on
+       more). Per tile it loads the K/V tiles from the first to the last (key_tile: the
+       diagonal one under a causal mask last) through the ring, whose position (`ring`) runs on
        across tiles, and, once both consumers are done with the next Q buffer's previous
        tile, writes the next tile's index beside that buffer and loads its Q (load_q). ---- */
     if (wg == 0) {
@@ -385,10 +334,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 const int s = pos % STAGES;
                 mbar_wait(empty + 8 * s, ((uint32_t)(pos / STAGES) & 1u) ^ 1u);
                 tr(TR_P_KV, 2 * pos + (off == OFF_V));
-                if (EXPT == 1 + (off == OFF_K) || (EXPT == 2 && off == OFF_V)) { /* no load */
-                    mbar_arrive(full + 8 * s);
-                    return;
-                }
                 mbar_expect_tx(full + 8 * s, KV_TILE);
 #pragma unroll 1
                 for (int x = 0; x < PANELS; x++)
@@ -403,16 +348,15 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                this tile, once the tile before's O copy has read it), with one after the last.
                With one, the next tile's first K/V goes out before that Q (KV_FIRST): its slots
                come free an iteration before the Q buffer does (never after: the consumers give
-               them back before the Q buffer), and after the Q it had waited behind the Q-empty
-               wait (d 256 512: 2500 cycles a tile waiting for K once Q had
-               landed, results/2026-11-25-h100-sm90-ahead-mask.md). Not in d 128 x 176, whose
-               24-register producer would spill for it (and whose tiles are long). */
+               them back before the Q buffer), and after the Q it waits behind the Q-empty wait
+               (perf fwd_sm90 K10). Not in d 128 x 176, whose 24-register producer would spill
+               for it (and whose tiles are long). */
             constexpr bool KV_FIRST = NQ == 1 && C::REG_P >= 40;
             int first = 0; /* key tiles of this tile loaded already (KV_FIRST: 0 or 1) */
             for (; t < a.tiles; tc++) {
                 const int nt = w.ntiles, hk = w.h / a.group, t_first = w.t_first;
                 const int k0 = w.k0, bt = w.bt;
-                const int q_at = NQ < 2 || !a.q_early ? nt - 1 : NQ == 2 ? min(2, nt - 1) : 0;
+                const int q_at = NQ < 2 ? nt - 1 : NQ == 2 ? min(2, nt - 1) : 0;
                 int tn = 0;
                 if (nt == 0) {
                     tn = find(next_tile(a, t), w);
@@ -429,7 +373,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                     if (it >= first) load_pair(hk, k0 + key_tile(t_first, nt, it) * BN, bt);
                     if (it == q_at) { /* w becomes the next tile */
                         tn = find(next_tile(a, t), w);
-                        first = KV_FIRST && a.kv_first && tn < a.tiles && w.ntiles > 0;
+                        first = KV_FIRST && tn < a.tiles && w.ntiles > 0;
                         if (first)
                             load_pair(w.h / a.group, w.k0 + key_tile(w.t_first, w.ntiles, 0) * BN, w.bt);
                         load_q(tc + 1, tn, w);
@@ -491,16 +435,15 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
        of registers. */
     const bool fancy = a.m.softcap > 0.f || a.m.alibi != nullptr; /* uniform per launch */
     /* Without a left window (causal, or a right window alone) a tile that crosses an edge
-       crosses the right one only, and its mask compares one bound instead of two: d 64
-       causal 512/2048 +1-3% in two calls (d 128 level to +1%); at d 256 it measured level
-       to -3%, so it keeps the one general form there */
+       crosses the right one only, and its mask compares one bound instead of two; d 256,
+       where it did not pay, keeps the one general form (perf fwd_sm90 K3) */
     constexpr bool RIGHT_ONLY = D <= 128;
     const float mul = fancy ? 1.f : a.m.scale_log2;
     float slope = 0.f;
-    /* keys in [lo_c, hi_c) are visible to every row of this consumer (start): a tile inside
-       them needs no mask. The block's bounds (w.lo_max, w.hi_min) had d 64's 192-row blocks
-       mask a key tile more in two consumers of three: +2-4% at d 64 causal 2048/4096 */
-    int lo_c = 0, hi_c = 0;
+    /* every_c: the keys every row of this consumer sees (start): a tile inside them needs no
+       mask. The consumer's bounds, not the block's (w.every), with which two consumers in
+       three of d 64's 192-row blocks masked a key tile more (perf fwd_sm90 K4) */
+    fa_range every_c = {0, 0};
     auto prepare = [&](float (&sc)[BN / 2], int kcol0) {
         if (fancy) {
 #pragma unroll
@@ -511,7 +454,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                     sc[4 * j + e] = score_log2(a.m, sc[4 * j + e], slope, row + w.diag, col);
                 }
         }
-        if (RIGHT_ONLY && a.m.win_left < 0 && kcol0 + BN > hi_c) {
+        if (RIGHT_ONLY && a.m.win_left < 0 && kcol0 + BN > every_c.hi) {
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
                 const int hi = hi_of(a, w, r_lo + 8 * hr) - kcol0 - 2 * t4;
@@ -521,7 +464,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                     for (int e = 0; e < 2; e++)
                         if (8 * j + e >= hi) sc[4 * j + 2 * hr + e] = -INFINITY;
             }
-        } else if (!(kcol0 >= lo_c && kcol0 + BN <= hi_c)) {
+        } else if (!fa_range_holds(every_c, kcol0, kcol0 + BN)) {
             mask_rows(sc, a, w, kcol0, r_lo, t4);
         }
     };
@@ -533,8 +476,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             for (int j = 0; j < NS; j++) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]));
             mx = quad_max(mx) * mul;
             /* lazy: the reference max moves only when the tile's exceeds it by more than
-               a.lazy (log2 units), so most tiles leave O as it is (alpha 1); probabilities
-               then reach 2^a.lazy, which 16 bits and the fp32 sums hold */
+               LAZY (log2 units), so most tiles leave O as it is (alpha 1); probabilities
+               then reach 2^LAZY, which 16 bits and the fp32 sums hold */
             const float m_new = mx > m[hr] + a.lazy ? mx : m[hr];
             const float m_use = m_new == -INFINITY ? 0.f : m_new;
             alpha[hr] = fast_exp2(m[hr] - m_use);
@@ -558,9 +501,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     /* The key loop's softmax at the running max, for when P V has completed (pa is free):
        the probabilities against the rows' current max, straight into pa, the scores left as
        they were. A thread's partial row sum bounds each of its probabilities, so where every
-       partial sum is at most 2^lazy the max would not have moved (the lazy rule) and the tile
+       partial sum is at most 2^LAZY the max would not have moved (the lazy rule) and the tile
        is done without the row max (its 64 FMNMX and shuffles a tile at BN 128), alpha 1.
-       Otherwise (false: a score grew past the max by more than lazy, a row had no key yet,
+       Otherwise (false: a score grew past the max by more than LAZY, a row had no key yet,
        or NaN) the caller runs softmax_core on the unchanged scores. Decided per warp: no
        warpgroup instruction depends on it. */
     const float p_bound = exp2f(a.lazy);
@@ -592,8 +535,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]);
     };
     /* Ring position pos (the producer's count of key tiles so far): its slot and phase, and the
-       slot's K and V; key0(it) is the first key of the current tile's key tile it (ASC: they
-       run from the first to the last). */
+       slot's K and V; key0(it) is the first key of the current tile's key tile it (key_tile's
+       order). */
     auto slot = [&](int pos) { return pos % STAGES; };
     auto phase = [&](int pos) { return (uint32_t)(pos / STAGES) & 1u; };
     auto k_smem = [&](int pos) { return base + OFF_K + slot(pos) * KV_TILE; };
@@ -631,21 +574,21 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                2 * mbar_done(bar_vfull + 8 * slot(pv), phase(pv));
     };
     auto free_v = [&](int pos) { mbar_arrive(bar_vempty + 8 * slot(pos)); };
-    /* The key tiles at the end of tile x's loop (its last keys; at its start without ASC)
-       that none of this consumer's rows sees: a causal or right-window edge inside the
+    /* The key tiles at the end of tile x's loop (its last keys) that none of this consumer's
+       rows sees: a causal or right-window edge inside the
        block, where BM and BN do not align (d 64's 192-row blocks on 128-key tiles: two
        consumers in three skip a tile in every other block). They are given back unread
        (skip_tiles, after their loads have landed: an early arrival would count toward the
        slot's previous use), at the hand-over. At most STAGES - 2: there the skipped slots
        are awaited before this consumer gives back the last tile's V, so the ring must hold
        them beside it. Not under the ping-pong turns, which need both consumers to issue as
-       many products per tile (a skip there deadlocks: the forced-pingpong test hung at
-       d64fe29). */
-    constexpr bool SKIP = NQ >= 2 && STAGES >= 3 && SCHED != PINGPONG && EXPT != 65;
+       many products per tile (a skip there deadlocks) (perf fwd_sm90 K11). */
+    constexpr bool SKIP = NQ >= 2 && STAGES >= 3 && SCHED != PINGPONG;
     auto skip_of = [&](const Tile &x) {
         if (!SKIP || x.ntiles <= 1) return 0;
-        const int hi = hi_of(a, x, x.row0 + 64 * c + 63);
-        const int nt_c = hi > x.t_first * BN ? (hi - 1) / BN - x.t_first + 1 : 0;
+        const fa_range seen = {x.t_first * BN, hi_of(a, x, x.row0 + 64 * c + 63)};
+        const fa_range kt = fa_range_tiles(seen, BN); /* the tiles this consumer's rows see */
+        const int nt_c = kt.hi - kt.lo;
         return max(0, min(x.ntiles - nt_c, min(x.ntiles - 1, STAGES - 2)));
     };
     auto skip_tiles = [&](int pos, int n) {
@@ -659,13 +602,13 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     /* The wait for the pending P V after a softmax. ptxas hoists a plain wait above the
        softmax (the wait reads no register), so the softmax no longer runs under P V;
        wg_wait_after keeps it below (the row sums need every exponential). That pays where
-       P V is the longer product (D > BN: d 256, +3-6% in two calls); at d 64/128 the other
-       consumer's products fill the tensor cores anyway and the hoisted wait measured as fast
-       or faster (bench/NOTES.md). */
-    constexpr bool FENCED = (D > BN) != (EXPT == 6);
+       P V is the longer product (D > BN: d 256); at d 64/128 the other consumer's products
+       fill the tensor cores anyway and the hoisted wait is as fast (perf fwd_sm90 K5). */
+    constexpr bool FENCED = D > BN;
     /* where the wait is not fenced it comes first anyway: there the key loop's softmax runs
-       at the running max (exp_at_max) */
-    constexpr bool AT_MAX = !FENCED && EXPT != 8;
+       at the running max (exp_at_max), skipping the row max on most tiles (perf fwd_sm90
+       K6) */
+    constexpr bool AT_MAX = !FENCED;
     auto wait_pv = [&]() {
         if (FENCED)
             wg_wait_after<0>(l[0] + l[1]);
@@ -703,8 +646,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     auto start = [&](const Tile &x) {
         r_lo = x.row0 + 64 * c + 16 * warp + g;
         slope = alibi_slope_log2(a.m, x.b, x.h);
-        lo_c = lo_of(a, x, min(x.row0 + 64 * c + 63, x.sq - 1));
-        hi_c = hi_of(a, x, x.row0 + 64 * c);
+        every_c = fa_rows_common(rows_of(a, x), x.row0 + 64 * c, min(x.row0 + 64 * c + 64, x.sq));
         m[0] = m[1] = -INFINITY;
         l[0] = l[1] = 0.f;
     };
@@ -783,46 +725,26 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         uint32_t v[2][NO];
         pack_o(v[0], 0);
         pack_o(v[1], 1);
-        if (EXPT == 12) {
+        /* n8 tiles 2 jp, 2 jp + 1 of both row halves per instruction; lane L gives row L % 8 of
+           matrix L / 8 (row half (L / 8) % 2, tile 2 jp + L / 16), whose 16 bytes sit at chunk
+           (tile % 8) ^ (row % 8) of the 128-byte swizzle */
+        const int hi = lane / 16, r = 16 * warp + 8 * ((lane / 8) % 2) + lane % 8;
+        const uint32_t row_at = q_smem + r * 128;
 #pragma unroll
-            for (int hr = 0; hr < 2; hr++) {
-                const int r = 16 * warp + g + 8 * hr;
-#pragma unroll
-                for (int j = 0; j < NO; j++)
-                    st_shared_u32(q_smem + (j / 8) * Q_PANEL + r * 128 +
-                                      (((j % 8) ^ (r % 8)) * 16) + 4 * t4, v[hr][j]);
-            }
-        } else {
-            /* n8 tiles 2 jp, 2 jp + 1 of both row halves per instruction; lane L gives row L % 8
-               of matrix L / 8 (row half (L / 8) % 2, tile 2 jp + L / 16), whose 16 bytes sit
-               at chunk (tile % 8) ^ (row % 8) of the 128-byte swizzle */
-            const int hi = lane / 16, r = 16 * warp + 8 * ((lane / 8) % 2) + lane % 8;
-            const uint32_t row_at = q_smem + r * 128;
-#pragma unroll
-            for (int jp = 0; jp < NO / 2; jp++)
-                stmatrix_x4(row_at + (jp / 4) * Q_PANEL + ((((2 * jp) % 8) ^ hi ^ (r % 8)) << 4),
-                            v[0][2 * jp], v[1][2 * jp], v[0][2 * jp + 1], v[1][2 * jp + 1]);
-        }
+        for (int jp = 0; jp < NO / 2; jp++)
+            stmatrix_x4(row_at + (jp / 4) * Q_PANEL + ((((2 * jp) % 8) ^ hi ^ (r % 8)) << 4),
+                        v[0][2 * jp], v[1][2 * jp], v[0][2 * jp + 1], v[1][2 * jp + 1]);
         tr(TR_O_SMEM);
         fence_async_smem();
         tr(TR_O_FENCED);
-        if (O_ROWS == 64) { /* one copy of the warpgroup's 64 rows */
-            asm volatile("bar.sync %0, 128;\n" ::"r"(3 + c) : "memory");
-            if (wtid == 0) {
+        /* each warp's O_ROWS (16) rows as soon as the warp has written them */
+        __syncwarp();
+        if (lane == 0) {
 #pragma unroll 1
-                for (int p = 0; p < PANELS; p++)
-                    tma_store4(&a.to, q_smem + p * Q_PANEL, p * 64, x.h, x.q0 + x.row0 + 64 * c, x.bo);
-                bulk_commit();
-            }
-        } else { /* each warp's 16 rows as soon as the warp has written them */
-            __syncwarp();
-            if (lane == 0) {
-#pragma unroll 1
-                for (int p = 0; p < PANELS; p++)
-                    tma_store4(&a.to, q_smem + p * Q_PANEL + warp * 16 * 128, p * 64, x.h,
-                               x.q0 + x.row0 + 64 * c + 16 * warp, x.bo);
-                bulk_commit();
-            }
+            for (int p = 0; p < PANELS; p++)
+                tma_store4(&a.to, q_smem + p * Q_PANEL + warp * 16 * 128, p * 64, x.h,
+                           x.q0 + x.row0 + 64 * c + 16 * warp, x.bo);
+            bulk_commit();
         }
         tr(TR_O_ISSUED);
         pending = q_empty;
@@ -863,23 +785,20 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 continue;
             }
             nskip = skip_of(w);
-            const int i0 = ASC ? 0 : nskip;
-            if (!ASC) skip_tiles(ring, nskip);
-            wait_k(ring + i0);
+            wait_k(ring);
             my_turn();
-            issue_s(sc, k_smem(ring + i0));
+            issue_s(sc, k_smem(ring));
             your_turn();
             wg_wait<0>();
             wg_pin(sc);
-            free_k(ring + i0);
-            softmax(sc, key0(i0), alpha); /* O is 0: no rescale */
+            free_k(ring);
+            softmax(sc, key0(0), alpha); /* O is 0: no rescale */
             pack_p(sc, pa);
         }
         primed = false;
-        /* this consumer's key tiles: it_lo .. it_hi - 1 (the skipped ones are its last, or
-           without ASC its first) */
-        const int it_lo = ASC ? 0 : nskip, it_hi = ASC ? nt - nskip : nt;
-        for (int it = it_lo + 1; it < it_hi; it++) {
+        /* this consumer's key tiles: 0 .. it_hi - 1 (the skipped ones are its last) */
+        const int it_hi = nt - nskip;
+        for (int it = 1; it < it_hi; it++) {
             const int pos = ring + it;
             tr(TR_ITER, it);
             const int there = probe(pos, pos - 1);
@@ -887,14 +806,11 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             wait_v(pos - 1, it - 1);
             tr(TR_READY, 4 * pos + there);
             my_turn();
-            if (EXPT != 4) issue_s(sc, k_smem(pos));
-            if (EXPT != 5) issue_pv(pa, v_smem(pos - 1));
+            issue_s(sc, k_smem(pos));
+            issue_pv(pa, v_smem(pos - 1));
             your_turn();
             release(); /* the previous tile's O copy: long done reading by now */
-            if (EXPT == 5)
-                wg_wait<0>();
-            else
-                wg_wait<1>(); /* S(it) done; P V(it - 1) may still run, reading pa */
+            wg_wait<1>(); /* S(it) done; P V(it - 1) may still run, reading pa */
             wg_pin(sc);
             tr(TR_S_DONE, it);
             free_k(pos);
@@ -902,7 +818,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 prepare(sc, key0(it));
                 wg_wait<0>();
             } else {
-                if (EXPT != 3) softmax(sc, key0(it), alpha);
+                softmax(sc, key0(it), alpha);
                 tr(TR_SOFTMAX, it);
                 wait_pv(); /* P V (it - 1) done */
             }
@@ -910,7 +826,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             wg_pin(pa); /* pa's registers stay untouched until the product has read them */
             tr(TR_PV_DONE, it);
             free_v(pos - 1);
-            if (AT_MAX && (EXPT == 3 || exp_at_max(sc, pa))) {
+            if (AT_MAX && exp_at_max(sc, pa)) {
                 tr(TR_SOFTMAX, it);
                 continue;
             }
@@ -923,15 +839,15 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         q_done(w, qempty);
         const bool otma = by_tma(w);
         const int last = ring + it_hi - 1;
-        const int tail = nt - it_hi; /* ASC: the tile's key tiles skipped at its end */
+        const int tail = nt - it_hi; /* the tile's key tiles skipped at its end */
         Tile wn;
-        if (NQ == 1 && a.cross == 1) {
+        if (NQ == 1) {
             /* One Q buffer: the next tile's Q has only just been asked for (the buffer went
                back above), so this tile's last P V goes first and hides that load. This
                tile's O is stored while the load is awaited where O is wide against the key
-               tile (D > BN: d 256, +1-3% at 512-2048 keys), else under the next tile's first
-               S (d 128 x 176: 2% faster at 8192 keys; results/2026-11-25-h100-sm90-store.md) */
-            constexpr bool STORE_FIRST = D > BN && EXPT != 17;
+               tile (D > BN: d 256), else under the next tile's first S (d 128 x 176) (perf
+               fwd_sm90 K9). The next tile is worked out under that S (perf fwd_sm90 K8). */
+            constexpr bool STORE_FIRST = D > BN;
             wait_v(last, it_hi - 1);
             my_turn();
             issue_pv(pa, v_smem(last));
@@ -946,8 +862,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 tr(TR_B_STORED);
             }
             t = fetch(sQn, qempty_n, keys);
-            if (EXPT == 13 && t >= 0) tile_of<C>(a, t, wn);
-            if (a.cross && t >= 0 && keys) { /* keys: tile_of can wait until S is issued */
+            if (t >= 0 && keys) { /* keys: tile_of can wait until S is issued */
                 wait_k(last + 1);
                 tr(TR_B_READY);
                 const uint32_t sQo = sQ;
@@ -956,7 +871,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 issue_s(sc, k_smem(last + 1));
                 your_turn();
                 tr(TR_B_ISSUED);
-                if (EXPT != 13) tile_of<C>(a, t, wn); /* under the products */
+                tile_of<C>(a, t, wn); /* under the products */
                 tr(TR_B_TILE);
                 if (!STORE_FIRST) {
                     wg_wait<1>(); /* P V done; the S may still run */
@@ -982,7 +897,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 tr(TR_B_END);
                 primed = true;
             } else {
-                if (EXPT != 13 && t >= 0) tile_of<C>(a, t, wn);
+                if (t >= 0) tile_of<C>(a, t, wn);
                 if (!STORE_FIRST) {
                     wg_wait<0>();
                     wg_pin(o);
@@ -1000,14 +915,14 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             continue;
         }
         t = fetch(sQn, qempty_n, keys);
-        /* worked out before the products here: under them (as with one Q buffer) measured
-           1-3% slower on most d 64/128 rows (results/2026-11-25-h100-sm90-store.md) */
+        /* worked out before the products here: under them (as with one Q buffer) was slower
+           with two Q buffers or more (perf fwd_sm90 K8) */
         if (t >= 0) tile_of<C>(a, t, wn);
         tr(TR_B_TILE);
-        if (a.cross && t >= 0 && keys) {
+        if (t >= 0 && keys) {
             /* the next tile's first S with this tile's last P V */
-            const int skip = skip_of(wn), gap = ASC ? tail : skip, first = last + 1 + gap;
-            skip_tiles(last + 1, gap);
+            const int skip = skip_of(wn), first = last + 1 + tail;
+            skip_tiles(last + 1, tail);
             const int there = probe(first, last);
             wait_k(first);
             wait_v(last, it_hi - 1);
@@ -1027,10 +942,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             const float mo[2] = {m[0], m[1]}, lo[2] = {l[0], l[1]};
             w = wn;
             qempty = qempty_n;
-            ring = ASC ? first : last + 1;
+            ring = first;
             nskip = skip;
             start(w);
-            softmax(sc, key0(ASC ? 0 : nskip), alpha);
+            softmax(sc, key0(0), alpha);
             tr(TR_B_SOFTMAX);
             wait_pv();
             wg_pin(o);

@@ -1,7 +1,7 @@
 /*
  * cuda/fwd_sm90_serial.cuh — the Hopper forward with each consumer in series (sm_90a), beside
  * fwd_sm90.cuh's overlapped pipeline: the structure cuDNN's SDPA kernels showed under Nsight
- * Compute (bench/results/2026-11-27-h100-ncu-cudnn-sass.md), written here in our own terms.
+ * Compute (perf fwd_sm90 S1), written here in our own terms.
  *
  *   warpgroup 0, the producer: one thread loads per work tile its Q (BM = 128 rows, into one
  *     of NQ buffers), then its K and V tiles of BN keys, each into a ring of STAGES slots (one
@@ -12,7 +12,7 @@
  *                    it, so S's registers are free between a tile's P V and the next S)
  *       mask, row max; then, in turn with the other consumer (named barriers 1 and 2), the
  *                    exponentials straight into P's 16-bit A fragments; O rescaled when the
- *                    max moved by more than `lazy` (log2)
+ *                    max moved by more than LAZY (log2)
  *       O += P V    (wgmma, P from registers; the tile's first overwrites O)
  *     A consumer's first key tile, where its rows see only the first half (consumer 0 at the
  *     causal diagonal), runs P V (d 64/128: S and the exponentials too) over that half.
@@ -23,7 +23,8 @@
  *   O leaves per warp (16 rows) through two 2 KB staging buffers of 64 columns and the copy
  *     engine, while the producer already loads the next tile's Q (given back after the last S).
  *
- * It serves what fa_sm90_fwd routes to it (serial_for): d 64/128/256, fp16/bf16, BSHD (no
+ * It serves what fa_sm90_fwd routes to it (serial_for; its tilings: tune_sm90.h's SerialTiles):
+ * d 64/128/256, fp16/bf16, BSHD (no
  * varlen), windows and causal masks, GQA, without softcap or ALiBi (those take
  * fwd_sm90.cuh's kernel).
  */
@@ -39,6 +40,7 @@ namespace sm90 {
 template <int D_, int BN_, int STAGES_, int NQ_> struct SerialCfg {
     static constexpr int D = D_, BN = BN_, STAGES = STAGES_, NQ = NQ_, PANELS = D / 64;
     static constexpr int NC = 2, BM = 128, THREADS = 384, CTHREADS = 256;
+    static constexpr bool ALIGN_END = false; /* tile_of: its O copies start at row 0 */
     /* as Cfg: the producer's release covers the consumers' raise (168 x 384 = 40 + 2 x 232) */
     static constexpr int REG_P = 40, REG_C = 232;
     static constexpr uint32_t Q_PANEL = 64 * 128, Q_WG = PANELS * Q_PANEL; /* bytes */
@@ -52,14 +54,6 @@ template <int D_, int BN_, int STAGES_, int NQ_> struct SerialCfg {
     static constexpr size_t SMEM = OFF_MUL + 4 + 1024;  /* + aligning */
     static_assert(D % 64 == 0 && BN % 16 == 0 && KV_PANEL % 1024 == 0, "1024-byte tiles");
 };
-/* Per head dim: 128-key tiles (cuDNN's "64x128xD"); d 256 has room for one Q buffer and one K
-   and one V slot (224 KB), d 128 for two Q buffers and two slots (224 KB), d 64 for two and
-   three (160 KB). */
-template <int D> struct SerialTiles;
-template <> struct SerialTiles<64> { using C = SerialCfg<64, 128, 3, 2>; };
-template <> struct SerialTiles<128> { using C = SerialCfg<128, 128, 2, 2>; };
-template <> struct SerialTiles<256> { using C = SerialCfg<256, 128, 1, 1>; };
-
 template <typename T, typename C>
 __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __grid_constant__ Args a) {
 #ifdef FA_SM90A_DEVICE
@@ -191,7 +185,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
                second shape spills). Only a tile's first (its last keys) can be. As a vote:
                behind a branch ptxas cannot prove warp-uniform, it serialises every wgmma of
                the kernel (C7520). */
-            const bool half = __all_sync(0xffffffffu, it == 0 && a.half_tiles &&
+            const bool half = __all_sync(0xffffffffu, it == 0 &&
                                          hi_of(a, w, w.row0 + 64 * c + 63) <= kcol0 + BN / 2);
             const bool half_s = NARROW_S && half;
             auto s_product = [&](auto n) {
@@ -223,7 +217,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
             if (it == nt - 1) mbar_arrive(q_empty); /* the tile's last S has read Q */
 
             /* keys outside a row's range (past the sequence included): -inf */
-            if (!(kcol0 >= w.lo_max && kcol0 + BN <= w.hi_min)) mask_rows(sc, a, w, kcol0, r_lo, t4);
+            if (!fa_range_holds(w.every, kcol0, kcol0 + BN)) mask_rows(sc, a, w, kcol0, r_lo, t4);
             float mx[2];
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
@@ -242,7 +236,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
 #pragma unroll
                 for (int hr = 0; hr < 2; hr++) {
                     /* lazy: the reference max moves only when the tile's exceeds it by more
-                       than a.lazy, so most tiles leave O as it is (fwd_sm90.cuh) */
+                       than LAZY, so most tiles leave O as it is (fwd_sm90.cuh) */
                     const float m_new = mx[hr] > m[hr] + a.lazy ? mx[hr] : m[hr];
                     const float m_use = m_new == -INFINITY ? 0.f : m_new;
                     alpha[hr] = fast_exp2(m[hr] - m_use);

@@ -12,6 +12,7 @@
 #include <stddef.h>
 
 #include "../internal.h"
+#include "fwd_sm90_force.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -43,6 +44,11 @@ static inline int fa_cuda_ws_zero(const fa_cuda_launch *l, const void *p, size_t
     const char *c = (const char *)p, *z = (const char *)l->zero;
     return z && c >= z && c + n <= z + l->zero_bytes;
 }
+
+/* Raises kernel `kern`'s dynamic shared memory limit to `bytes` on the current device (the
+   launchers' cudaFuncSetAttribute), once per kernel and device: smem_limit.cu. Returns the
+   cudaError_t as an int. */
+int fa_cuda_smem_limit(const void *kern, int bytes);
 
 /* Head dims the kernels are compiled for; a call with another d (a multiple of 8) runs the
    next larger one with the extra columns zero-filled on load and not stored. */

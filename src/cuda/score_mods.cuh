@@ -14,7 +14,7 @@ namespace fa {
 constexpr float kLog2E = 1.4426950408889634f;
 
 struct ScoreMods {
-    int win_left, win_right; /* -1: unbounded */
+    int win_left, win_right; /* normalised (rows.h); -1: unbounded */
     float scale_log2;        /* scale * log2(e) */
     float softcap;           /* 0: off */
     float softcap_inv;       /* scale / softcap */
@@ -22,12 +22,12 @@ struct ScoreMods {
     int64_t alibi_sb;
 };
 
-/* Windows wider than any sequence are unbounded, so window arithmetic stays in int32 (the host
-   side has checked that sequence lengths fit). */
+/* The windows arrive normalised (rows.h: -1, or below the longest sequence, which the backend
+   holds below 2^30), so they fit an int as they are. */
 inline ScoreMods score_mods_of(const fa_problem *p) {
     ScoreMods m;
-    m.win_left = p->win_left < 0 || p->win_left > INT32_MAX / 2 ? -1 : (int)p->win_left;
-    m.win_right = p->win_right < 0 || p->win_right > INT32_MAX / 2 ? -1 : (int)p->win_right;
+    m.win_left = (int)p->win_left;
+    m.win_right = (int)p->win_right;
     m.scale_log2 = p->scale * kLog2E;
     m.softcap = p->softcap;
     m.softcap_inv = p->softcap > 0.f ? p->scale / p->softcap : 0.f;

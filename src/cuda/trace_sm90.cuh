@@ -1,6 +1,7 @@
 /*
  * cuda/trace_sm90.cuh — a bring-up timeline of the Hopper forward, compiled in only with
- * -DFA_SM90_TRACE (bench/trace_sm90.sh builds it so). One thread per role (the producer's
+ * -DFA_SM90_TRACE in a bring-up build (cmake -DFLASHATTN_BRINGUP=ON; bench/trace_sm90.sh
+ * builds it so). One thread per role (the producer's
  * issuing thread, each consumer's first thread) of each of the first TRACE_BLOCKS blocks
  * writes (tag, SM clock) pairs; the host writes the last call's buffer to the file named by
  * FLASHATTN_SM90_TRACE_FILE, and bench/trace_sm90.py turns it into per-iteration and
@@ -47,6 +48,9 @@ enum TraceTag {
     TR_DONE = 30      /* the role is out of tiles */
 };
 
+#if defined(FA_SM90_TRACE) && !defined(FA_BRINGUP)
+#error "FA_SM90_TRACE is for bring-up builds (cmake -DFLASHATTN_BRINGUP=ON)"
+#endif
 #ifdef FA_SM90_TRACE
 constexpr int TRACE_BLOCKS = 132, TRACE_ROLES = 4, TRACE_EVENTS = 6144;
 __device__ uint2 trace_buf[TRACE_BLOCKS * TRACE_ROLES * TRACE_EVENTS];

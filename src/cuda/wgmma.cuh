@@ -47,9 +47,12 @@ __device__ __forceinline__ int mbar_test(uint32_t bar, uint32_t parity) {
                  : "memory");
     return (int)r;
 }
+#if defined(FA_SM90_WATCHDOG) && !defined(FA_BRINGUP)
+#error "FA_SM90_WATCHDOG is for bring-up builds (cmake -DFLASHATTN_BRINGUP=ON)"
+#endif
 #ifdef FA_SM90_WATCHDOG
 #include <stdio.h>
-/* bring-up (-DFA_SM90_WATCHDOG): a wait that lasts 2^22 polls prints the barrier and gives
+/* bring-up (-DFA_SM90_WATCHDOG in a FLASHATTN_BRINGUP build): a wait that lasts 2^22 polls prints the barrier and gives
    up, and later waits give up sooner: the results are then wrong, but the kernel ends, so
    the printout reaches the host. printf is a call, across which ptxas serialises the wgmma
    pipeline (C7510): a build for finding hangs, not for timing. */

@@ -1,0 +1,160 @@
+/*
+ * test_params.c — the ABI guard of fa_params: its struct_size and version.
+ *
+ * Every entry point that takes options must refuse a struct that did not come from
+ * fa_params_default() (zeroed, or uninitialised bytes), one of a version the library does not
+ * know, and one whose size is not its version's size: FA_ERR_INVALID_ARGUMENT, a message that
+ * names the call and the fix, no selection record, and not one byte of the outputs (or of the
+ * KV cache an append would write) changed. The initialiser's struct and NULL must pass, so
+ * that each refusal is the guard's doing.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sweep.h"
+
+enum { B = 2, SQ = 3, SK = 5, H = 2, D = 8, MAXLEN = 8, NEW = 1 };
+enum { T_Q, T_K, T_V, T_O, T_LSE, T_DOUT, T_DQ, T_DK, T_DV, T_CK, T_CV, T_KN, T_VN, NT };
+enum { CAP = B * MAXLEN * H * D }; /* floats per tensor: the largest is the cache */
+
+static float arena[NT][CAP];
+static float snapshot[NT][CAP];
+static int32_t seqlens[B] = {2, MAXLEN - NEW};
+
+enum { OP_FWD, OP_BWD, OP_FWD_WS, OP_BWD_WS, OP_KV, OP_KV_WS, NOPS };
+static const char *const op_names[NOPS] = {"fa_fwd", "fa_bwd", "fa_fwd_workspace_size",
+                                           "fa_bwd_workspace_size", "fa_fwd_kvcache",
+                                           "fa_fwd_kvcache_workspace_size"};
+
+static fa_tensor bshd(int i, int64_t s) {
+    return fa_tensor_bshd(arena[i], FA_DTYPE_F32, FA_DEVICE_CPU, B, s, H, D);
+}
+
+static fa_status call(fa_context *ctx, int op, const fa_params *p) {
+    fa_tensor q = bshd(T_Q, SQ), k = bshd(T_K, SK), v = bshd(T_V, SK), o = bshd(T_O, SQ);
+    fa_tensor dout = bshd(T_DOUT, SQ), dq = bshd(T_DQ, SQ), dk = bshd(T_DK, SK),
+              dv = bshd(T_DV, SK);
+    fa_tensor lse = fa_tensor_3d(arena[T_LSE], FA_DTYPE_F32, FA_DEVICE_CPU, B, H, SQ);
+    fa_kvcache cache = {bshd(T_CK, MAXLEN), bshd(T_CV, MAXLEN), seqlens, NULL, 0, 0};
+    fa_tensor kn = bshd(T_KN, NEW), vn = bshd(T_VN, NEW);
+    size_t bytes;
+    switch (op) {
+    case OP_FWD: return fa_fwd(ctx, &q, &k, &v, p, &o, &lse);
+    case OP_BWD: return fa_bwd(ctx, &q, &k, &v, &o, &dout, &lse, p, &dq, &dk, &dv);
+    case OP_FWD_WS: return fa_fwd_workspace_size(ctx, &q, &k, &v, p, &bytes);
+    case OP_BWD_WS: return fa_bwd_workspace_size(ctx, &q, &k, &v, p, &bytes);
+    case OP_KV: return fa_fwd_kvcache(ctx, &q, &cache, &kn, &vn, p, 0, &o, &lse);
+    default: return fa_fwd_kvcache_workspace_size(ctx, &q, &cache, &kn, &vn, p, 0, &bytes);
+    }
+}
+
+/* Fresh inputs, poisoned outputs, a cache whose rows an append would overwrite. */
+static void reset(void) {
+    tk_rng r;
+    tk_rng_init(&r, tk_seed());
+    for (int i = 0; i < NT; i++)
+        for (int j = 0; j < CAP; j++) arena[i][j] = (float)tk_rng_normal(&r);
+    memset(arena[T_O], 0xff, sizeof arena[T_O]);
+    for (int i = T_DQ; i <= T_DV; i++) memset(arena[i], 0xff, sizeof arena[i]);
+}
+
+/* The backward reads the forward's out and LSE: give it real ones. */
+static void fill_lse(fa_context *ctx) { assert_int_equal(call(ctx, OP_FWD, NULL), FA_OK); }
+
+/* Each op with p: refused with the status, a message holding the call's name and `hint`,
+   nothing written, no selection. */
+static void expect_refused(const fa_params *p, const char *what, const char *hint) {
+    for (int op = 0; op < NOPS; op++) {
+        fa_context *ctx;
+        assert_int_equal(fa_context_create(&ctx, FA_BACKEND_CPU), FA_OK);
+        reset();
+        fill_lse(ctx);
+        memcpy(snapshot, arena, sizeof arena);
+        fa_status st = call(ctx, op, p);
+        const char *msg = fa_last_error(ctx);
+        if (st != FA_ERR_INVALID_ARGUMENT)
+            fail_msg("%s: %s returned %s, expected invalid argument (%s)", what, op_names[op],
+                     fa_status_string(st), msg);
+        if (!strstr(msg, op_names[op]) || !strstr(msg, hint))
+            fail_msg("%s: %s's message lacks its name or \"%s\": %s", what, op_names[op], hint,
+                     msg);
+        if (memcmp(snapshot, arena, sizeof arena) != 0)
+            fail_msg("%s: %s wrote memory although it failed", what, op_names[op]);
+        if (fa_last_selection(ctx) != NULL)
+            fail_msg("%s: %s failed but reports a kernel selection", what, op_names[op]);
+        fa_context_destroy(ctx);
+    }
+}
+
+static void initialiser_sets_the_guard(void **state) {
+    (void)state;
+    fa_params p = fa_params_default();
+    assert_int_equal(p.struct_size, sizeof(fa_params));
+    assert_int_equal(p.version, FA_PARAMS_VERSION);
+    assert_int_equal(p.window_left, -1);
+    assert_int_equal(p.window_right, -1);
+}
+
+/* The initialiser's struct (with an option set) and NULL pass on every entry point. */
+static void initialised_and_null_pass(void **state) {
+    (void)state;
+    fa_params p = fa_params_default();
+    p.causal = 1;
+    const fa_params *ps[2] = {&p, NULL};
+    for (int i = 0; i < 2; i++)
+        for (int op = 0; op < NOPS; op++) {
+            fa_context *ctx;
+            assert_int_equal(fa_context_create(&ctx, FA_BACKEND_CPU), FA_OK);
+            reset();
+            fill_lse(ctx);
+            fa_status st = call(ctx, op, ps[i]);
+            if (st != FA_OK)
+                fail_msg("%s with %s: %s: %s", op_names[op], i ? "NULL" : "fa_params_default()",
+                         fa_status_string(st), fa_last_error(ctx));
+            fa_context_destroy(ctx);
+        }
+}
+
+static void zeroed_struct_refused(void **state) {
+    (void)state;
+    fa_params p;
+    memset(&p, 0, sizeof p);
+    p.window_left = p.window_right = -1; /* every option valid: only the guard is missing */
+    expect_refused(&p, "zeroed struct", "fa_params_default()");
+}
+
+static void uninitialised_bytes_refused(void **state) {
+    (void)state;
+    fa_params p;
+    memset(&p, 0xab, sizeof p);
+    expect_refused(&p, "uninitialised bytes", "fa_params_default()");
+}
+
+static void newer_version_refused(void **state) {
+    (void)state;
+    fa_params p = fa_params_default();
+    p.version = FA_PARAMS_VERSION + 1;
+    expect_refused(&p, "a version the library does not know", "newer flashattn.h");
+}
+
+static void wrong_size_refused(void **state) {
+    (void)state;
+    fa_params p = fa_params_default();
+    p.struct_size = (uint32_t)sizeof p - 8;
+    expect_refused(&p, "struct_size short of its version's", "fa_params_default()");
+    p.struct_size = (uint32_t)sizeof p + 8;
+    expect_refused(&p, "struct_size beyond its version's", "fa_params_default()");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(initialiser_sets_the_guard),
+        cmocka_unit_test(initialised_and_null_pass),
+        cmocka_unit_test(zeroed_struct_refused),
+        cmocka_unit_test(uninitialised_bytes_refused),
+        cmocka_unit_test(newer_version_refused),
+        cmocka_unit_test(wrong_size_refused),
+    };
+    return cmocka_run_group_tests_name("params", tests, NULL, NULL);
+}
