@@ -75,12 +75,14 @@ extern "C" {
 #define FA_API
 #endif
 
-/* 0.2.0: fa_params starts with struct_size and version, and fa_params_default() moved into
+/* 0.2.1: fa_params version 2 (dropout, FP8 descales), appended: callers built with the
+   0.2 header keep working.
+   0.2.0: fa_params starts with struct_size and version, and fa_params_default() moved into
    this header (an ABI change: rebuild callers; the shared library's soname is
    libflashattn.so.0.2). */
 #define FA_VERSION_MAJOR 0
 #define FA_VERSION_MINOR 2
-#define FA_VERSION_PATCH 0
+#define FA_VERSION_PATCH 1
 
 /* Largest head dimension any backend accepts (the CUDA backend accepts a fixed subset). */
 #define FA_MAX_HEAD_DIM 256
@@ -180,7 +182,7 @@ FA_API fa_tensor fa_tensor_2d(void *data, fa_dtype dtype, fa_device device, int6
  * which fields a caller's struct has, so that a library and a caller built from different
  * versions of this header never read past each other's struct.
  */
-#define FA_PARAMS_VERSION 1
+#define FA_PARAMS_VERSION 2
 typedef struct fa_params {
     /* sizeof(fa_params) and FA_PARAMS_VERSION of the caller's header, set by
        fa_params_default(); never set them by hand. Every call checks them first and refuses
@@ -224,6 +226,29 @@ typedef struct fa_params {
     /* Backward: 1 asks for bit-identical gradients run to run (no atomics). The CPU backend is
        always deterministic. */
     int deterministic;
+
+    /* ---- version 2 (0.2.1) ---- */
+
+    /* Dropout on the attention probabilities (fa_fwd and fa_bwd; fa_fwd_kvcache refuses it):
+       each probability is kept with probability 1 - dropout_p and then scaled by
+       1 / (1 - dropout_p), dropped ones are 0. The keep mask comes from a counter-based
+       generator keyed by dropout_seed and started at dropout_offset, so the backward given the
+       same three values regenerates the forward's mask instead of storing it. 0 (the default)
+       disables; must be in [0, 1) (FA_ERR_INVALID_ARGUMENT otherwise). LSE stays that of the
+       softmax without dropout. */
+    uint64_t dropout_seed;
+    uint64_t dropout_offset;
+    float dropout_p;
+    /* FP8 descale factors, applied to FA_DTYPE_F8_E4M3 inputs only (FA_ERR_INVALID_ARGUMENT
+       with any other dtype): the real value of an element of Q is q_descale[...] * its stored
+       value, likewise K and V. fp32 on the same device as the tensors, one value per (batch,
+       kv head): value [b * descale_batch_stride + h / (heads_q / heads_k)] for query head h
+       (Q's descale also indexed by kv head, as FlashAttention-3 does). NULL is 1.0. */
+    const float *q_descale;
+    const float *k_descale;
+    const float *v_descale;
+    int64_t descale_batch_stride; /* 0: one row of heads_k values for every batch entry;
+                                     else >= heads_k */
 } fa_params;
 
 /* All defaults: scale 1/sqrt(d), no mask, no window, no softcap, no ALiBi, not varlen; and
@@ -246,6 +271,13 @@ static inline fa_params fa_params_default(void) {
     p.max_seqlen_q = 0;
     p.max_seqlen_k = 0;
     p.deterministic = 0;
+    p.dropout_seed = 0;
+    p.dropout_offset = 0;
+    p.dropout_p = 0.0f;
+    p.q_descale = NULL;
+    p.k_descale = NULL;
+    p.v_descale = NULL;
+    p.descale_batch_stride = 0;
     return p;
 }
 

@@ -340,6 +340,17 @@ fa_status fa_check_options(fa_call *c, fa_problem *pr) {
     pr->alibi = p->alibi_slopes;
     pr->alibi_sb = p->alibi_batch_stride;
     pr->deterministic = p->deterministic != 0;
+    if (!(p->dropout_p >= 0 && p->dropout_p < 1))
+        return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT,
+                       "%s: dropout_p = %g, must be in [0, 1) (0: off)", c->fn,
+                       (double)p->dropout_p);
+    if (p->dropout_p > 0)
+        return fa_fail(c->ctx, FA_ERR_UNSUPPORTED,
+                       "%s: dropout_p = %g: dropout is not implemented yet", c->fn,
+                       (double)p->dropout_p);
+    if (p->q_descale || p->k_descale || p->v_descale || p->descale_batch_stride)
+        return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT,
+                       "%s: q/k/v_descale apply to FA_DTYPE_F8_E4M3 inputs only", c->fn);
     return FA_OK;
 }
 
@@ -560,7 +571,10 @@ static void log_selection(const fa_context *ctx) {
 
 /* sizeof(fa_params) at each version this library reads, index version - 1. A new version
    appends fields and its entry here; the older entries keep the sizes they had. */
-static const size_t params_size[] = {sizeof(fa_params)};
+static const size_t params_size[] = {
+    offsetof(fa_params, dropout_seed), /* version 1 ended with deterministic; dropout_seed is
+                                          8-aligned, so its offset is version 1's padded size */
+    sizeof(fa_params)};
 _Static_assert(sizeof params_size / sizeof *params_size == FA_PARAMS_VERSION,
                "one size per fa_params version");
 

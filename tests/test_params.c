@@ -8,6 +8,8 @@
  * KV cache an append would write) changed. The initialiser's struct and NULL must pass, so
  * that each refusal is the guard's doing.
  */
+#include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,6 +149,54 @@ static void wrong_size_refused(void **state) {
     expect_refused(&p, "struct_size beyond its version's", "fa_params_default()");
 }
 
+/* A caller built with the version-1 header: its struct ends where version 2's fields begin.
+   The bytes past it are garbage (an invalid dropout_p among them), so a library that read past
+   struct_size would refuse the call; it must take the version-2 fields at their defaults. */
+static void version_one_struct_passes(void **state) {
+    (void)state;
+    const size_t v1 = offsetof(fa_params, dropout_seed);
+    union {
+        fa_params p;
+        unsigned char bytes[sizeof(fa_params)];
+    } u;
+    memset(u.bytes, 0xff, sizeof u.bytes); /* dropout_p = NaN, descales non-NULL */
+    fa_params d = fa_params_default();
+    d.causal = 1;
+    memcpy(u.bytes, &d, v1);
+    u.p.struct_size = (uint32_t)v1;
+    u.p.version = 1;
+    for (int op = 0; op < NOPS; op++) {
+        fa_context *ctx;
+        assert_int_equal(fa_context_create(&ctx, FA_BACKEND_CPU), FA_OK);
+        reset();
+        fill_lse(ctx);
+        fa_status st = call(ctx, op, &u.p);
+        if (st != FA_OK)
+            fail_msg("%s with a version-1 struct: %s: %s", op_names[op], fa_status_string(st),
+                     fa_last_error(ctx));
+        fa_context_destroy(ctx);
+    }
+    fa_params p = d;
+    p.struct_size = (uint32_t)v1 + 8; /* version 1 with a size that is not version 1's */
+    p.version = 1;
+    expect_refused(&p, "version 1 with version 2's size", "fa_params_default()");
+}
+
+/* The version-2 options' own checks, before anything runs. */
+static void version_two_options_checked(void **state) {
+    (void)state;
+    const float bad_p[] = {-0.1f, 1.0f, 2.0f, NAN, INFINITY};
+    for (size_t i = 0; i < sizeof bad_p / sizeof *bad_p; i++) {
+        fa_params p = fa_params_default();
+        p.dropout_p = bad_p[i];
+        expect_refused(&p, "dropout_p outside [0, 1)", "dropout_p");
+    }
+    static const float one = 1.0f;
+    fa_params p = fa_params_default();
+    p.k_descale = &one; /* the inputs are not FP8 */
+    expect_refused(&p, "a descale with non-FP8 inputs", "descale");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(initialiser_sets_the_guard),
@@ -155,6 +205,8 @@ int main(void) {
         cmocka_unit_test(uninitialised_bytes_refused),
         cmocka_unit_test(newer_version_refused),
         cmocka_unit_test(wrong_size_refused),
+        cmocka_unit_test(version_one_struct_passes),
+        cmocka_unit_test(version_two_options_checked),
     };
     return cmocka_run_group_tests_name("params", tests, NULL, NULL);
 }

@@ -78,7 +78,7 @@ DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_F8_E4M3, DTYPE_F64 = 0, 1, 2, 3, 4
 DEVICE_CPU, DEVICE_CUDA = 0, 1
 BACKEND_AUTO, BACKEND_CPU, BACKEND_CUDA = 0, 1, 2
 ALGOS = {"auto": 0, "naive": 1, "plain": 2}
-PARAMS_VERSION = 1  # FA_PARAMS_VERSION of the header that Params mirrors
+PARAMS_VERSION = 2  # FA_PARAMS_VERSION of the header that Params mirrors
 
 
 class Tensor(ctypes.Structure):
@@ -117,6 +117,14 @@ class Params(ctypes.Structure):
         ("max_seqlen_q", ctypes.c_int64),
         ("max_seqlen_k", ctypes.c_int64),
         ("deterministic", ctypes.c_int),
+        # version 2
+        ("dropout_seed", ctypes.c_uint64),
+        ("dropout_offset", ctypes.c_uint64),
+        ("dropout_p", ctypes.c_float),
+        ("q_descale", ctypes.c_void_p),
+        ("k_descale", ctypes.c_void_p),
+        ("v_descale", ctypes.c_void_p),
+        ("descale_batch_stride", ctypes.c_int64),
     ]
 
     @classmethod
