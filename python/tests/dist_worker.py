@@ -1,0 +1,46 @@
+"""The body of one rank in test_distributed: gloo on the CPU, every case of the run in one
+process group (spawning costs seconds, a case milliseconds). Each case's inputs come from the
+parent's file; each rank saves its shard of out, lse, dq, dk, dv (fp32 tensors, exact for
+every dtype tested) for the parent to put together and check."""
+
+import datetime
+import os
+
+
+def _broken_schedule(schedule):
+    """The causal schedule with every block full: the diagonal chunks lose their mask. The
+    parent checks that its comparison catches it (a test that cannot fail proves nothing)."""
+    real = schedule.blocks
+
+    def blocks(*args, **kw):
+        return [b._replace(causal=False) for b in real(*args, **kw)]
+    return blocks
+
+
+def run(rank, world_size, workdir, cases):
+    """cases: [(name, causal, layout, torch dtype name, broken, pass seqlen)]; every rank
+    passes seqlen or none does (None costs an all_gather, which all ranks must join)."""
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    # a rank that hangs (a mismatched send/receive) fails the test instead of stalling it
+    dist.init_process_group("gloo", init_method=f"file://{workdir}/store", rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=60))
+    import flashattn.distributed as fd
+    from flashattn.distributed import _schedule
+    real_blocks = _schedule.blocks
+    results = {}
+    for name, causal, layout, dtype, broken, give_seqlen in cases:
+        q, k, v, dout = (x.to(getattr(torch, dtype))
+                         for x in torch.load(os.path.join(workdir, f"{name}.pt")))
+        qs, ks, vs = (fd.shard(x, world_size, rank, layout).requires_grad_() for x in (q, k, v))
+        _schedule.blocks = _broken_schedule(_schedule) if broken else real_blocks
+        out, lse = fd.context_parallel_attn(qs, ks, vs, causal=causal, layout=layout,
+                                            return_lse=True,
+                                            seqlen=q.shape[1] if give_seqlen else None)
+        out.backward(fd.shard(dout, world_size, rank, layout))
+        results[name] = [t.detach().float() for t in (out, lse, qs.grad, ks.grad, vs.grad)]
+    _schedule.blocks = real_blocks
+    torch.save(results, os.path.join(workdir, f"rank{rank}.pt"))
+    dist.barrier()
+    dist.destroy_process_group()

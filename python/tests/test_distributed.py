@@ -1,0 +1,237 @@
+"""flashattn.distributed: the shard layouts and the causal schedule (single process), and
+context_parallel_attn over gloo on the CPU with 1, 2 and 4 ranks against the float64 reference
+on the whole sequence (the correctness rule, forward and gradients), zigzag and contiguous,
+causal or not, sequence lengths that 2n does not divide, GQA, fp32 and bf16."""
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+import reference as R
+from harness import BF16, F32, Case, check_backward, check_forward, randn
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with the gloo backend is not available in this torch build",
+                allow_module_level=True)
+
+import flashattn  # noqa: E402
+import flashattn.distributed as fd  # noqa: E402
+from flashattn.distributed import CAUSAL, FULL, SKIP  # noqa: E402
+
+LAYOUTS = fd.LAYOUTS
+
+
+# ---- layouts ----
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("seqlen", [0, 1, 3, 8, 37, 64])
+def test_split_unsplit_and_positions(seqlen, n, layout):
+    x = torch.arange(seqlen * 2).reshape(1, seqlen, 2)
+    shards = fd.split(x, n, layout)
+    assert len(shards) == n
+    assert torch.equal(fd.unsplit(shards, layout), x)
+    lengths = fd.shard_lengths(seqlen, n, layout)
+    assert [s.shape[1] for s in shards] == lengths and sum(lengths) == seqlen
+    assert max(lengths) - min(lengths) <= 1, lengths  # the remainder rule spreads it
+    for r in range(n):
+        pos = fd.shard_positions(seqlen, n, r, layout)
+        assert shards[r][0, :, 0].div(2).tolist() == pos
+        assert pos == sorted(pos)  # a shard is a run of increasing positions
+        assert torch.equal(fd.shard(x, n, r, layout), shards[r])
+    if layout == "zigzag":
+        assert torch.equal(fd.zigzag_unsplit(fd.zigzag_split(x, n)), x)
+
+
+def test_remainder_rule_and_zigzag_chunks():
+    # 37 = 8 * 4 + 5 over 2n = 8 chunks: the first 5 chunks get 5 tokens, the last 3 get 4
+    assert fd.chunk_sizes(37, 8) == [5, 5, 5, 5, 5, 4, 4, 4]
+    assert [fd.rank_chunks(4, r, "zigzag") for r in range(4)] == [(0, 7), (1, 6), (2, 5), (3, 4)]
+    assert fd.shard_lengths(37, 4, "zigzag") == [9, 9, 9, 10]
+    # 10 over 4 chunks is 3+3+2+2: rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2
+    assert fd.shard_positions(10, 2, 0, "zigzag") == [0, 1, 2, 8, 9]
+    assert fd.shard_positions(10, 2, 1, "zigzag") == [3, 4, 5, 6, 7]
+    assert fd.shard_lengths(37, 4, "contiguous") == [10, 9, 9, 9]
+    x = torch.zeros(1, 5, 1)
+    assert fd.unsplit([x[:, :3], x[:, :2]], "zigzag").shape[1] == 5  # 2+1+1+1: (3, 2)
+    with pytest.raises(ValueError, match="shard lengths"):
+        fd.unsplit([x[:, :2], x[:, :3]], "zigzag")
+    with pytest.raises(ValueError, match="layout"):
+        fd.split(x, 2, "ring")
+
+
+# ---- the causal schedule ----
+
+def test_pair_kinds():
+    assert fd.pair_kind(3, 1, True) == FULL
+    assert fd.pair_kind(3, 3, True) == CAUSAL
+    assert fd.pair_kind(1, 3, True) == SKIP
+    assert fd.pair_kind(1, 3, False) == FULL
+
+
+def _covered(seqlen, n, rank, layout, causal):
+    """(rows, seqlen) counts: how often each (query row of rank, global key) is computed."""
+    qpos = fd.shard_positions(seqlen, n, rank, layout)
+    seen = np.zeros((len(qpos), seqlen), dtype=int)
+    for s in range(n):
+        kpos = np.array(fd.shard_positions(seqlen, n, s, layout), dtype=int)
+        for b in fd.blocks(seqlen, n, rank, s, causal, layout):
+            vis = R.visible_mask(b.q1 - b.q0, b.k1 - b.k0, b.causal, (-1, -1))
+            rows, cols = np.nonzero(vis)
+            np.add.at(seen, (rows + b.q0, kpos[b.k0:b.k1][cols]), 1)
+    return np.array(qpos, dtype=int), seen
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("seqlen", [1, 5, 37, 64])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_schedule_covers_the_mask_once(seqlen, n, layout, causal):
+    """Over the ring, each rank computes every (query, key) pair the mask shows, exactly once,
+    and none it hides: the union of the blocks is the global mask restricted to its rows."""
+    for r in range(n):
+        qpos, seen = _covered(seqlen, n, r, layout, causal)
+        want = (np.arange(seqlen)[None, :] <= qpos[:, None]) if causal else \
+            np.ones((len(qpos), seqlen), dtype=bool)
+        assert np.array_equal(seen, want.astype(int)), (r, seen, want)
+
+
+def test_zigzag_makes_one_balanced_call_per_step():
+    seqlen, n = 64, 4
+    for r in range(n):
+        area = 0
+        for s in range(n):
+            bl = fd.blocks(seqlen, n, r, s, True, "zigzag")
+            assert len(bl) == 1
+            b = bl[0]
+            if s == r:
+                assert b == fd.Block(0, 16, 0, 16, True)
+            elif s < r:
+                assert (b.q0, b.q1, b.k0, b.k1, b.causal) == (0, 16, 0, 8, False)
+            else:
+                assert (b.q0, b.q1, b.k0, b.k1, b.causal) == (8, 16, 0, 16, False)
+            area += (b.q1 - b.q0) * (b.k1 - b.k0)
+        assert area == 16 * 16 + 3 * 128  # the same work on every rank
+
+
+# ---- context_parallel_attn over gloo ----
+
+TORCH_DTYPE = {F32: "float32"}
+if BF16 is not None:
+    TORCH_DTYPE[BF16] = "bfloat16"
+
+
+def _cases():
+    """(case, layout, pass seqlen) of one run: seq 37 (2n does not divide it) and 64, GQA 4/2,
+    d 16 in fp32, d 32 in bf16."""
+    out = []
+    for dtype, d in ((F32, 16), (BF16, 32)):
+        if dtype is None:
+            continue
+        for seqlen in (37, 64):
+            for causal in (False, True):
+                for layout in LAYOUTS:
+                    c = Case(b=2, sq=seqlen, sk=seqlen, hq=4, hkv=2, d=d, dtype=dtype,
+                             causal=causal)
+                    out.append((c, layout, len(out) % 2 == 0))
+    return out
+
+
+CASES = _cases()
+BROKEN = Case(b=1, sq=37, sk=37, hq=4, hkv=2, d=16, dtype=F32, causal=True)
+
+
+def _name(case, layout):
+    return f"{case} {layout}".replace(" ", "_").replace("/", "-")
+
+
+def _inputs(case, rng):
+    shape_q = (case.b, case.sq, case.hq, case.d)
+    shape_k = (case.b, case.sk, case.hkv, case.d)
+    return [randn(rng, s, case.dtype) for s in (shape_q, shape_k, shape_k, shape_q)]
+
+
+def _spawn(n, jobs):
+    """Runs dist_worker.run on n gloo ranks over jobs [(name, case, layout, broken, give
+    seqlen, arrays)]; returns {name: [out, lse, dq, dk, dv]} put back in sequence order."""
+    import torch.multiprocessing as mp
+
+    import dist_worker
+    with tempfile.TemporaryDirectory() as work:
+        specs = []
+        for name, case, layout, broken, give, arrays in jobs:
+            torch.save([torch.from_numpy(a.astype(np.float32)) for a in arrays],
+                       os.path.join(work, f"{name}.pt"))
+            specs.append((name, case.causal, layout, TORCH_DTYPE[case.dtype], broken, give))
+        old = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = "1"  # n ranks share the machine's cores
+        try:
+            mp.spawn(dist_worker.run, args=(n, work, specs), nprocs=n)
+        finally:
+            if old is None:
+                del os.environ["OMP_NUM_THREADS"]
+            else:
+                os.environ["OMP_NUM_THREADS"] = old
+        per_rank = [torch.load(os.path.join(work, f"rank{r}.pt")) for r in range(n)]
+    res = {}
+    for name, case, layout, *_ in jobs:
+        parts = list(zip(*(p[name] for p in per_rank)))  # per output, the n shards
+        res[name] = [fd.unsplit(list(ts), layout, dim=2 if i == 1 else 1).numpy()
+                     for i, ts in enumerate(parts)]
+    return res
+
+
+@pytest.fixture(scope="module", params=[1, 2, 4], ids=lambda n: f"world{n}")
+def run(request):
+    """One process group per world size for every case (and, with 2 ranks, the broken
+    schedule): (world size, inputs by name, results by name, the seed)."""
+    n = request.param
+    seed = int.from_bytes(os.urandom(4), "little") if "FLASHATTN_TEST_SEED" not in os.environ \
+        else int(os.environ["FLASHATTN_TEST_SEED"], 0)
+    rng = np.random.default_rng([seed, n])
+    jobs = [(_name(c, lay), c, lay, False, give, _inputs(c, rng)) for c, lay, give in CASES]
+    if n == 2:
+        jobs.append(("broken", BROKEN, "zigzag", True, True, _inputs(BROKEN, rng)))
+    res = _spawn(n, jobs)
+    return n, {j[0]: j[5] for j in jobs}, res, (seed, n)
+
+
+def _as(dtype, x):
+    return x.astype(dtype)  # fp32 values that are exactly representable in dtype
+
+
+@pytest.mark.parametrize("case,layout,give", CASES,
+                         ids=[f"{c}-{lay}" for c, lay, _ in CASES])
+def test_context_parallel_matches_reference(run, case, layout, give):
+    n, inputs, results, seed = run
+    name = _name(case, layout)
+    q, k, v, dout = inputs[name]
+    out, lse, dq, dk, dv = results[name]
+    check_forward(case, seed, q, k, v, None, None, None, _as(case.dtype, out), lse)
+    check_backward(case, seed, q, k, v, dout, None, None, None,
+                   *(_as(case.dtype, g) for g in (dq, dk, dv)))
+    if n == 1:
+        # one rank is one flash_attn_func call on the whole sequence: the same bits
+        t = [torch.from_numpy(x.astype(np.float32)).to(getattr(torch, TORCH_DTYPE[case.dtype]))
+             for x in (q, k, v, dout)]
+        tq, tk, tv = (x.requires_grad_() for x in t[:3])
+        o, l, _ = flashattn.flash_attn_func(tq, tk, tv, causal=case.causal,
+                                            return_attn_probs=True)
+        o.backward(t[3])
+        for got, want in ((out, o), (lse, l), (dq, tq.grad), (dk, tk.grad), (dv, tv.grad)):
+            assert np.array_equal(got, want.detach().float().numpy())
+
+
+def test_a_broken_schedule_fails_the_rule(run):
+    """The comparison can fail: the causal ring with its diagonal unmasked is caught."""
+    n, inputs, results, seed = run
+    if n != 2:
+        pytest.skip("the broken schedule runs in the 2-rank group only")
+    q, k, v, _ = inputs["broken"]
+    out, lse = results["broken"][:2]
+    with pytest.raises(AssertionError):
+        check_forward(BROKEN, seed, q, k, v, None, None, None, out, lse)
