@@ -18,8 +18,10 @@ def _broken_schedule(schedule):
 
 
 def run(rank, world_size, workdir, cases):
-    """cases: [(name, causal, layout, torch dtype name, broken, pass seqlen)]; every rank
-    passes seqlen or none does (None costs an all_gather, which all ranks must join)."""
+    """cases: [(name, causal, layout, torch dtype name, broken, pass seqlen, halves)]; every
+    rank passes seqlen or none does (None costs an all_gather, which all ranks must join).
+    halves: the ranks form two groups (0 .. n/2-1 and n/2 .. n-1), each running the case on
+    its own, so that group ranks differ from global ranks in the second."""
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
@@ -27,18 +29,25 @@ def run(rank, world_size, workdir, cases):
     dist.init_process_group("gloo", init_method=f"file://{workdir}/store", rank=rank,
                             world_size=world_size, timeout=datetime.timedelta(seconds=60))
     import flashattn.distributed as fd
+    half = world_size // 2
+    # every rank creates every group, in the same order (torch.distributed's rule)
+    groups = [dist.new_group(list(range(i * half, i * half + half))) for i in range(2)] \
+        if world_size % 2 == 0 else None
     from flashattn.distributed import _schedule
     real_blocks = _schedule.blocks
     results = {}
-    for name, causal, layout, dtype, broken, give_seqlen in cases:
+    for name, causal, layout, dtype, broken, give_seqlen, halves in cases:
+        group, n, r = None, world_size, rank
+        if halves:
+            group, n, r = groups[rank // half], half, rank % half
         q, k, v, dout = (x.to(getattr(torch, dtype))
                          for x in torch.load(os.path.join(workdir, f"{name}.pt")))
-        qs, ks, vs = (fd.shard(x, world_size, rank, layout).requires_grad_() for x in (q, k, v))
+        qs, ks, vs = (fd.shard(x, n, r, layout).requires_grad_() for x in (q, k, v))
         _schedule.blocks = _broken_schedule(_schedule) if broken else real_blocks
-        out, lse = fd.context_parallel_attn(qs, ks, vs, causal=causal, layout=layout,
-                                            return_lse=True,
+        out, lse = fd.context_parallel_attn(qs, ks, vs, group=group, causal=causal,
+                                            layout=layout, return_lse=True,
                                             seqlen=q.shape[1] if give_seqlen else None)
-        out.backward(fd.shard(dout, world_size, rank, layout))
+        out.backward(fd.shard(dout, n, r, layout))
         results[name] = [t.detach().float() for t in (out, lse, qs.grad, ks.grad, vs.grad)]
     _schedule.blocks = real_blocks
     torch.save(results, os.path.join(workdir, f"rank{rank}.pt"))

@@ -146,6 +146,7 @@ def _cases():
 
 CASES = _cases()
 BROKEN = Case(b=1, sq=37, sk=37, hq=4, hkv=2, d=16, dtype=F32, causal=True)
+HALVES = Case(b=1, sq=37, sk=37, hq=4, hkv=2, d=16, dtype=F32, causal=True)
 
 
 def _name(case, layout):
@@ -160,16 +161,18 @@ def _inputs(case, rng):
 
 def _spawn(n, jobs):
     """Runs dist_worker.run on n gloo ranks over jobs [(name, case, layout, broken, give
-    seqlen, arrays)]; returns {name: [out, lse, dq, dk, dv]} put back in sequence order."""
+    seqlen, halves, arrays)]; returns {name: [out, lse, dq, dk, dv]} put back in sequence
+    order (halves: a list of two such, one per group of n/2 ranks)."""
     import torch.multiprocessing as mp
 
     import dist_worker
     with tempfile.TemporaryDirectory() as work:
         specs = []
-        for name, case, layout, broken, give, arrays in jobs:
+        for name, case, layout, broken, give, halves, arrays in jobs:
             torch.save([torch.from_numpy(a.astype(np.float32)) for a in arrays],
                        os.path.join(work, f"{name}.pt"))
-            specs.append((name, case.causal, layout, TORCH_DTYPE[case.dtype], broken, give))
+            specs.append((name, case.causal, layout, TORCH_DTYPE[case.dtype], broken, give,
+                          halves))
         old = os.environ.get("OMP_NUM_THREADS")
         os.environ["OMP_NUM_THREADS"] = "1"  # n ranks share the machine's cores
         try:
@@ -180,27 +183,35 @@ def _spawn(n, jobs):
             else:
                 os.environ["OMP_NUM_THREADS"] = old
         per_rank = [torch.load(os.path.join(work, f"rank{r}.pt")) for r in range(n)]
+    def whole(name, layout, ranks):
+        parts = list(zip(*(per_rank[r][name] for r in ranks)))  # per output, the shards
+        return [fd.unsplit(list(ts), layout, dim=2 if i == 1 else 1).numpy()
+                for i, ts in enumerate(parts)]
+
     res = {}
-    for name, case, layout, *_ in jobs:
-        parts = list(zip(*(p[name] for p in per_rank)))  # per output, the n shards
-        res[name] = [fd.unsplit(list(ts), layout, dim=2 if i == 1 else 1).numpy()
-                     for i, ts in enumerate(parts)]
+    for name, case, layout, broken, give, halves, arrays in jobs:
+        h = n // 2
+        res[name] = [whole(name, layout, range(0, h)), whole(name, layout, range(h, n))] \
+            if halves else whole(name, layout, range(n))
     return res
 
 
 @pytest.fixture(scope="module", params=[1, 2, 4], ids=lambda n: f"world{n}")
 def run(request):
-    """One process group per world size for every case (and, with 2 ranks, the broken
-    schedule): (world size, inputs by name, results by name, the seed)."""
+    """One process group per world size for every case (with 2 ranks the broken schedule too,
+    with 4 the two subgroups): (world size, inputs by name, results by name, the seed)."""
     n = request.param
     seed = int.from_bytes(os.urandom(4), "little") if "FLASHATTN_TEST_SEED" not in os.environ \
         else int(os.environ["FLASHATTN_TEST_SEED"], 0)
     rng = np.random.default_rng([seed, n])
-    jobs = [(_name(c, lay), c, lay, False, give, _inputs(c, rng)) for c, lay, give in CASES]
+    jobs = [(_name(c, lay), c, lay, False, give, False, _inputs(c, rng))
+            for c, lay, give in CASES]
     if n == 2:
-        jobs.append(("broken", BROKEN, "zigzag", True, True, _inputs(BROKEN, rng)))
+        jobs.append(("broken", BROKEN, "zigzag", True, True, False, _inputs(BROKEN, rng)))
+    if n == 4:
+        jobs.append(("halves", HALVES, "zigzag", False, False, True, _inputs(HALVES, rng)))
     res = _spawn(n, jobs)
-    return n, {j[0]: j[5] for j in jobs}, res, (seed, n)
+    return n, {j[0]: j[-1] for j in jobs}, res, (seed, n)
 
 
 def _as(dtype, x):
@@ -237,3 +248,14 @@ def test_a_broken_schedule_fails_the_rule(run):
     out, lse = results["broken"][:2]
     with pytest.raises(AssertionError):
         check_forward(BROKEN, seed, q, k, v, None, None, None, out, lse)
+
+
+@pytest.mark.parametrize("run", [4], ids=["world4"], indirect=True)
+def test_subgroups(run):
+    """group=: ranks 0-1 and 2-3 run the same case as two groups of 2 at once (the second's
+    group ranks are not its global ranks; seqlen=None gathers the lengths within a group)."""
+    n, inputs, results, seed = run
+    q, k, v, dout = inputs["halves"]
+    for out, lse, dq, dk, dv in results["halves"]:
+        check_forward(HALVES, seed, q, k, v, None, None, None, out, lse)
+        check_backward(HALVES, seed, q, k, v, dout, None, None, None, dq, dk, dv)

@@ -24,10 +24,10 @@ class _Shards:
     """Sizes of every rank's shard, and K and V of one shard packed in one flat buffer (one
     message per hop instead of two)."""
 
-    def __init__(self, ring, q, k, v, seqlen, layout):
+    def __init__(self, size, k, v, seqlen, layout):
         self.layout = layout
         self.seqlen = seqlen
-        self.lengths = _layout.shard_lengths(seqlen, ring.size, layout)
+        self.lengths = _layout.shard_lengths(seqlen, size, layout)
         self.kshape = (k.shape[0], k.shape[2], k.shape[3])
         self.vshape = (v.shape[0], v.shape[2], v.shape[3])
 
@@ -202,6 +202,6 @@ def context_parallel_attn(q, k, v, group=None, causal=False, softmax_scale=None,
         raise ValueError(f"rank {ring.rank} holds {q.shape[1]} tokens, but its {layout} shard "
                          f"of {seqlen} over {ring.size} ranks has {expect}")
     scale = _core.Options(softmax_scale).scale_for(q.shape[-1])
-    sh = _Shards(ring, q, k, v, seqlen, layout)
+    sh = _Shards(ring.size, k, v, seqlen, layout)
     out, lse = function().apply(q, k, v, ring, sh, bool(causal), scale)
     return (out, lse) if return_lse else out
