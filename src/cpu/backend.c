@@ -523,13 +523,20 @@ const char *fa_cpu_kernel_name(int i) {
     return i < nt ? g_tiled_names[i] : cpu_fixed_kernels[i - nt];
 }
 
-static char g_features[160];
+/* Room for every name detect_features can append. */
+static char g_features[256];
 
 static void append(const char *name) {
     size_t n = strlen(g_features);
     snprintf(g_features + n, sizeof g_features - n, "%s%s", n ? " " : "", name);
 }
 
+/* The features the kernels use or a reader of `flashattn info` asks about (which dtype the
+   hardware multiplies natively): the AVX-512 and AMX ones read from CPUID leaf 7 directly,
+   because compilers name them differently or (avx512fp16, amx-fp16) not at all. Leaf 7
+   subleaf 0: EDX bit 23 AVX512-FP16, 22 AMX-BF16, 24 AMX-TILE, 25 AMX-INT8; subleaf 1: EAX
+   bit 5 AVX512-BF16, 21 AMX-FP16. CPUID says what the core has; whether the OS lets a
+   process use AMX is the amx level's own question (amx_probe). */
 static void detect_features(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
@@ -537,14 +544,21 @@ static void detect_features(void) {
     if (__builtin_cpu_supports("avx512f")) append("avx512f");
     if (__builtin_cpu_supports("avx512bw")) append("avx512bw");
     if (__builtin_cpu_supports("avx512vl")) append("avx512vl");
-    if (__builtin_cpu_supports("avx512bf16")) append("avx512bf16");
+    unsigned a, b, c, d, a1 = 0, b1, c1, d1;
+    const int leaf7 = __get_cpuid_count(7, 0, &a, &b, &c, &d);
+    const int sub1 = leaf7 && a >= 1 && __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
+    if (!sub1) a1 = 0;
+    const int avx512 = __builtin_cpu_supports("avx512f");
+    if (avx512 && ((a1 >> 5) & 1)) append("avx512_bf16");
+    if (avx512 && leaf7 && ((d >> 23) & 1)) append("avx512fp16");
     if (__builtin_cpu_supports("avx2")) append("avx2");
     if (__builtin_cpu_supports("fma")) append("fma");
     if (has_f16c()) append("f16c");
-    unsigned a, b, c, d;
-    if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+    if (leaf7) {
         if ((d >> 24) & 1) append("amx-tile");
         if ((d >> 22) & 1) append("amx-bf16");
+        if ((a1 >> 21) & 1) append("amx-fp16");
+        if ((d >> 25) & 1) append("amx-int8");
     }
 #endif
     if (!g_features[0]) append("portable");
