@@ -231,4 +231,8 @@ int bench_write_decode_json(const char *path, const bench_cfg *cfg, const bench_
                             int nrows, const bench_copy *copy, const double load[2],
                             const char *fatal);
 
+/* `--tiny` (bench_tiny.c): the median latency of tiny CPU calls (fwd, bwd, fwd_kvcache),
+   each call timed alone, with the threads the library recorded; 0, or 1 if a call failed. */
+int bench_tiny_run(const bench_cfg *cfg);
+
 #endif /* FA_TOOL_BENCH_H */

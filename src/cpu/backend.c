@@ -18,6 +18,7 @@
 #endif
 
 #include "isa.h"
+#include "team.h"
 
 int fa_cpu_threads(const fa_context *ctx) {
     if (ctx->threads > 0) return ctx->threads;
@@ -27,6 +28,25 @@ int fa_cpu_threads(const fa_context *ctx) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
 #endif
+}
+
+/* The FLOPs of a call, for fa_cpu_team: 4 B H sq sk d for the forward (every key counted,
+   masked or not: an upper bound is enough to tell small from large; varlen: the longest
+   sequences), 2.5 times that for the backward; a KV-cache call counts each sequence's keys. */
+static double fwd_flops(const fa_problem *p) {
+    return 4.0 * (double)p->batch * (double)p->heads_q * (double)p->seqlen_q *
+           (double)p->seqlen_k * (double)p->d;
+}
+
+static double kv_flops(const fa_problem *p) {
+    double keys = 0;
+    for (int64_t b = 0; b < p->batch; b++) keys += (double)fa_kv_len(p, b);
+    return 4.0 * (double)p->heads_q * (double)p->seqlen_q * keys * (double)p->d;
+}
+
+/* The threads of a forward or backward call (bwd: 1): the context's, or 1 when it is small. */
+static int call_threads(const fa_context *ctx, const fa_problem *p, int bwd) {
+    return fa_cpu_team(fa_cpu_threads(ctx), fwd_flops(p) * (bwd ? 2.5 : 1.0));
 }
 
 /* The naive references exist in two precisions (see fa_algo). */
@@ -245,7 +265,7 @@ static fa_status cpu_fwd_workspace(fa_context *ctx, const fa_problem *p, size_t 
     *bytes = 0;
     if (ctx->algo != FA_ALGO_AUTO) return FA_OK;
     fa_status st = isa_for(ctx, "fa_fwd", &isa);
-    if (st == FA_OK) *bytes = fa_cpu_isa_fwd_level(isa, p)->fwd_ws(p, fa_cpu_threads(ctx));
+    if (st == FA_OK) *bytes = fa_cpu_isa_fwd_level(isa, p)->fwd_ws(p, call_threads(ctx, p, 0));
     return st;
 }
 
@@ -255,7 +275,7 @@ static fa_status cpu_bwd_workspace(fa_context *ctx, const fa_problem *p, size_t 
     *bytes = 0;
     if (ctx->algo != FA_ALGO_AUTO) return FA_OK;
     fa_status st = isa_for(ctx, "fa_bwd", &isa);
-    const int threads = fa_cpu_threads(ctx);
+    const int threads = call_threads(ctx, p, 1);
     if (st == FA_OK) *bytes = fa_cpu_isa_bwd_level(isa, p, threads)->bwd_ws(p, threads);
     return st;
 }
@@ -280,7 +300,7 @@ static const char *tiled_name(char *buf, size_t len, const char *op, const char 
 
 static fa_status cpu_fwd(fa_context *ctx, const fa_problem *p, void *ws, size_t ws_bytes) {
     use_switches(ctx);
-    int threads = fa_cpu_threads(ctx);
+    int threads = call_threads(ctx, p, 0);
     char name[64];
     if (ctx->algo != FA_ALGO_AUTO) {
         int plain = ctx->algo == FA_ALGO_PLAIN;
@@ -315,7 +335,7 @@ static fa_status cpu_fwd(fa_context *ctx, const fa_problem *p, void *ws, size_t 
 
 static fa_status cpu_bwd(fa_context *ctx, const fa_problem *p, void *ws, size_t ws_bytes) {
     use_switches(ctx);
-    int threads = fa_cpu_threads(ctx);
+    int threads = call_threads(ctx, p, 1);
     char name[64];
     if (ctx->algo != FA_ALGO_AUTO) {
         int plain = ctx->algo == FA_ALGO_PLAIN;
@@ -387,7 +407,7 @@ static fa_status cpu_kv_plan(fa_context *ctx, const fa_problem *p, fa_cpu_kv_pla
     fa_status st = isa_for(ctx, "fa_fwd_kvcache", isa);
     if (st != FA_OK) return st;
     *isa = fa_cpu_isa_kv_level(*isa);
-    *plan = (*isa)->kv_plan(p, fa_cpu_threads(ctx));
+    *plan = (*isa)->kv_plan(p, fa_cpu_team(fa_cpu_threads(ctx), kv_flops(p)));
     if (plan->overflow)
         return fa_fail(ctx, FA_ERR_OVERFLOW,
                        "fa_fwd_kvcache: the partial outputs of %d splits do not fit the address "
@@ -423,7 +443,7 @@ static fa_status cpu_fwd_kvcache(fa_context *ctx, const fa_problem *p, void *ws,
 }
 
 static fa_status cpu_merge(fa_context *ctx, const fa_merge_problem *m) {
-    int threads = fa_cpu_threads(ctx);
+    const int threads = fa_cpu_team(fa_cpu_threads(ctx), fa_cpu_merge_flops(m));
     fa_cpu_merge(m, threads);
     char name[64];
     snprintf(name, sizeof name, "cpu_merge_attn_%s", fa_dtype_name(m->dtype));

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "kvcache.h"
+#include "team.h"
 #include "tile_math.h"
 
 #define BQ FA_TM_BQ
@@ -149,18 +150,22 @@ FA_TM_INLINE void *kv_row(const fa_problem *p, const fa_operand *a, size_t es, i
     return fa_tm_row(a, es, page, t % p->page_size, hk);
 }
 
+static void append_item(void *arg, int64_t w) {
+    const fa_problem *p = arg;
+    const size_t es = fa_dtype_size(p->dtype), bytes = (size_t)p->d * es;
+    const int64_t b = w / p->seqlen_new, t = w % p->seqlen_new, pos = p->kv_seqlens[b] + t;
+    for (int64_t h = 0; h < p->heads_kv; h++) {
+        memcpy(kv_row(p, &p->k, es, b, pos, h), fa_tm_row(&p->k_new, es, b, t, h), bytes);
+        memcpy(kv_row(p, &p->v, es, b, pos, h), fa_tm_row(&p->v_new, es, b, t, h), bytes);
+    }
+}
+
+/* The copy runs on the calling thread below 65536 elements a side: a team costs more than
+   copying that much. */
 static void append(const fa_problem *p, int threads) {
     if (!p->k_new.data) return;
-    const size_t es = fa_dtype_size(p->dtype), bytes = (size_t)p->d * es;
     const int64_t n = p->batch * p->seqlen_new;
-#pragma omp parallel for num_threads(threads) if (n * p->heads_kv * p->d > 65536)
-    for (int64_t w = 0; w < n; w++) {
-        const int64_t b = w / p->seqlen_new, t = w % p->seqlen_new, pos = p->kv_seqlens[b] + t;
-        for (int64_t h = 0; h < p->heads_kv; h++) {
-            memcpy(kv_row(p, &p->k, es, b, pos, h), fa_tm_row(&p->k_new, es, b, t, h), bytes);
-            memcpy(kv_row(p, &p->v, es, b, pos, h), fa_tm_row(&p->v_new, es, b, t, h), bytes);
-        }
-    }
+    fa_cpu_for(n * p->heads_kv * p->d > 65536 ? threads : 1, n, append_item, (void *)p);
 }
 
 /* ---- attention ---- */
@@ -392,7 +397,20 @@ static void merge_splits(const fa_problem *p, int splits, const kv_partials *pt,
     }
     fa_merge_problem m = {splits, pt->parts, FA_DTYPE_F32, p->dtype, p->batch, sq, hq, d,
                           p->o, (float *)p->lse, p->lse_sb, p->lse_sh, p->lse_st};
-    fa_cpu_merge(&m, threads);
+    fa_cpu_merge(&m, fa_cpu_team(threads, fa_cpu_merge_flops(&m)));
+}
+
+typedef struct kv_run {
+    const fa_problem *p;
+    int splits;
+    float *tiles;
+    size_t per_thread;
+    const kv_partials *pt;
+} kv_run;
+
+static void kv_run_item(void *arg, int64_t w) {
+    const kv_run *r = arg;
+    kv_item(r->p, w, r->splits, r->tiles + r->per_thread * (size_t)fa_tm_tid(), r->pt);
 }
 
 void FA_ISA_FN(fa_cpu_fwd_kvcache)(const fa_problem *p, const fa_cpu_kv_plan *plan, void *ws) {
@@ -407,9 +425,7 @@ void FA_ISA_FN(fa_cpu_fwd_kvcache)(const fa_problem *p, const fa_cpu_kv_plan *pl
         int overflow = 0;
         partials_layout(p, splits, (char *)(tiles + per_thread * (size_t)threads), &pt, &overflow);
     }
-    const int64_t items = plan->items;
-#pragma omp parallel for num_threads(threads) schedule(dynamic)
-    for (int64_t w = 0; w < items; w++)
-        kv_item(p, w, splits, tiles + per_thread * (size_t)fa_tm_tid(), &pt);
+    kv_run r = {p, splits, tiles, per_thread, &pt};
+    fa_cpu_for(threads, plan->items, kv_run_item, &r);
     if (splits > 1) merge_splits(p, splits, &pt, threads);
 }
