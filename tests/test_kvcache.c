@@ -92,6 +92,24 @@ static const kv_case cases[] = {
        other counts whose partials overwrite earlier counters, a paged call, the heuristic's */
     {SHAPE("one-context-splits", 2, 1, 8, 2, 128, BF16), .lens = {900, 301}, .snew = 1,
      .one_context = 1, VARS(C(2), C(2), C(5), C(2), P(16, 3), C(0), C(0), C(2))},
+    /* GQA groups of 1, 2, 3, 4, 5, 8 and 16 query heads per kv head, odd head dims and
+       lengths: the decode kernel packs exactly group x seqlen_q rows per kv head (no padding
+       rows or columns), in tiles of 64 rows (gqa16-sq5: 80 rows, a tile of 64 and one of 16;
+       gqa5-sq13: 65 rows, the last tile one row) */
+    {SHAPE("gqa1-d33", 2, 1, 3, 3, 33, F32), .lens = {77, 4}, .snew = 1,
+     VARS(C(1), P(16, 2), C(0))},
+    {SHAPE("gqa2-d72", 2, 1, 4, 2, 72, F16), .lens = {129, 5}, .snew = 1,
+     VARS(C(1), P(16, 3), C(0))},
+    {SHAPE("gqa3-causal", 1, 3, 6, 2, 40, BF16), .lens = {91}, .snew = 3, .causal = 1,
+     VARS(C(1), P(16, 2), C(0))},
+    {SHAPE("gqa4-d128", 1, 1, 32, 8, 128, F32), .lens = {300}, .snew = 1,
+     VARS(C(1), P(64, 2), C(0))},
+    {SHAPE("gqa5-sq13", 1, 13, 5, 1, 20, F32), .lens = {50}, .snew = 13, .causal = 1,
+     VARS(C(1), P(16, 2), C(0))},
+    {SHAPE("gqa8-d24", 1, 2, 16, 2, 24, F32), .lens = {65}, .snew = 2,
+     VARS(C(1), P(16, 3), C(0))},
+    {SHAPE("gqa16-sq5", 1, 5, 16, 1, 48, F16), .lens = {100}, .snew = 5, .causal = 1,
+     VARS(C(1), P(16, 2), C(0))},
     {SHAPE("batch8-page-edges", 8, 1, 2, 2, 32, F16), .lens = {0, 1, 2, 15, 16, 17, 63, 64},
      .snew = 1, .room = 15, VARS(P(16, 1), P(16, 2), P(64, 0), C(1))},
 };
