@@ -285,6 +285,24 @@ FA_TM_INLINE void load_kv(const kv_bufs *B, const fa_problem *p, int64_t b, int6
     }
 }
 
+/* The tile's K and V rows read where they lie, or NULL when they must be loaded: fp32 rows of
+   a contiguous cache whose head dim is a whole number of 16-float blocks are already what the
+   matmuls take (rows st apart, no padding columns), so copying them into the tiles would
+   only read them twice. The next tile's rows are fetched meanwhile, as load_kv does. */
+FA_TM_INLINE int kv_in_place(const fa_problem *p, int64_t b, int64_t hk, int64_t j0, int nk,
+                             int64_t next_end, const float **k, const float **v) {
+    if (p->dtype != FA_DTYPE_F32 || p->block_table || p->d % 16 || p->k.st <= 0 ||
+        p->v.st <= 0)
+        return 0;
+    *k = (const float *)fa_tm_row(&p->k, 4, b, j0, hk);
+    *v = (const float *)fa_tm_row(&p->v, 4, b, j0, hk);
+    for (int j = 0; j < nk && j0 + BK + j < next_end; j++) {
+        prefetch_row(fa_tm_row(&p->k, 4, b, j0 + BK + j, hk), (size_t)p->d * 4);
+        prefetch_row(fa_tm_row(&p->v, 4, b, j0 + BK + j, hk), (size_t)p->d * 4);
+    }
+    return 1;
+}
+
 /* Where an item's rows go: the output (one split) or the split's fp32 partials. */
 static void store_rows(const fa_problem *p, const kv_bufs *B, const kv_rows *R, int64_t b,
                        int s, int splits, const kv_partials *pt) {
@@ -348,18 +366,25 @@ static void kv_item(const fa_problem *p, int64_t w, int splits, float *ws, const
         const int nk = R.q.uhi - j0 < BK ? (int)(R.q.uhi - j0) : BK;
         const int kind = fa_tm_classify(&R.q, j0, j0 + nk);
         if (kind == FA_TM_NONE) continue;
-        load_kv(&B, p, b, hk, j0, nk, R.q.uhi);
-        fa_dd_scores(nr, nk, B.kf, dp, B.q, dp, dp, B.s, BK, p->scale);
+        const float *kt = B.kf, *vt = B.vf;
+        ptrdiff_t ldk = dp, ldv = dp;
+        if (kv_in_place(p, b, hk, j0, nk, R.q.uhi, &kt, &vt)) {
+            ldk = (ptrdiff_t)p->k.st;
+            ldv = (ptrdiff_t)p->v.st;
+        } else {
+            load_kv(&B, p, b, hk, j0, nk, R.q.uhi);
+        }
+        fa_dd_scores(nr, nk, kt, ldk, B.q, dp, dp, B.s, BK, p->scale);
         rel_init(&rel, &R, j0);
         fa_tm_scores_qmajor(B.s, NULL, nr, nk, &rel, 1.0f, p->softcap, 0.0f, kind == FA_TM_PARTIAL);
         if (R.alibi) alibi_rows(B.s, &R, &rel, nk);
         softmax_rows(&B, nr, nk, dp);
         /* O[r][x] += sum_j P[r][j] V[j][x]; where the tile has a mask edge and V an Inf or
            NaN, the masked keys are skipped (their P is 0, but 0 * Inf or NaN is NaN) */
-        if (kind == FA_TM_PARTIAL && !fa_tm_rows_finite(B.vf, nk, dp, dp))
-            fa_tm_gemm_vis(nr, dp, nk, rel.lo, rel.hi, 0, B.s, BK, 1, B.vf, dp, B.o, dp);
+        if (kind == FA_TM_PARTIAL && !fa_tm_rows_finite(vt, nk, dp, ldv))
+            fa_tm_gemm_vis(nr, dp, nk, rel.lo, rel.hi, 0, B.s, BK, 1, vt, ldv, B.o, dp);
         else
-            fa_tm_gemm_exact(nr, dp, nk, B.s, BK, 1, B.vf, dp, B.o, dp);
+            fa_tm_gemm_exact(nr, dp, nk, B.s, BK, 1, vt, ldv, B.o, dp);
     }
     store_rows(p, &B, &R, b, s, splits, pt);
 }
