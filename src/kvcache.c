@@ -76,7 +76,9 @@ static fa_status check_cache_contents(fa_call *c, const fa_kvcache *cache, const
     if (!pr->block_table || pr->seqlen_new == 0) return FA_OK;
     /* appends: at most seqlen_new / page_size + 2 page pieces per sequence */
     int64_t per = pr->seqlen_new / pr->page_size + 2, n = 0;
-    wspan *w = malloc((size_t)(pr->batch * per) * sizeof *w);
+    /* a decode step's few pieces on the stack: no allocation on a small call's path */
+    wspan local[64];
+    wspan *w = pr->batch * per <= 64 ? local : malloc((size_t)(pr->batch * per) * sizeof *w);
     if (!w) return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY, "%s: out of memory checking appends", c->fn);
     for (int64_t b = 0; b < pr->batch; b++) {
         int64_t t = cache->seqlens[b], end = t + pr->seqlen_new;
@@ -97,7 +99,7 @@ static fa_status check_cache_contents(fa_call *c, const fa_kvcache *cache, const
                          "%s: sequences %lld and %lld both append to row %lld of pool page %lld",
                          c->fn, (long long)w[i - 1].seq, (long long)w[i].seq, (long long)w[i].lo,
                          (long long)w[i].page);
-    free(w);
+    if (w != local) free(w);
     return st;
 }
 

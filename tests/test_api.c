@@ -247,6 +247,69 @@ static void selection_record(void **state) {
     assert_null(fa_kernel_name(-1));
 }
 
+/* Calls under 2^20 FLOPs run on the calling thread without a team (src/cpu/team.h), and the
+   record says so; a larger one gets the context's threads. The context asks for 2 threads so
+   that the difference shows on any machine. */
+static void small_calls_one_thread(void **state) {
+    (void)state;
+    enum { S = 128, H = 2, D = 64 }; /* the large call: 4 * 2 * 128 * 128 * 64 = 8.4 MFLOP */
+    float *buf = calloc(10 * S * H * D, sizeof(float));
+    assert_non_null(buf);
+    for (int i = 0; i < 10 * S * H * D; i++) buf[i] = (float)((i * 7919) % 13) / 13.0f - 0.5f;
+    float *q = buf, *k = buf + S * H * D, *v = buf + 2 * S * H * D, *o = buf + 3 * S * H * D;
+    float *dq = buf + 4 * S * H * D, *dk = buf + 5 * S * H * D, *dv = buf + 6 * S * H * D;
+    float *kn = buf + 7 * S * H * D, *vn = buf + 8 * S * H * D, *lse = buf + 9 * S * H * D;
+    const fa_device cpu = FA_DEVICE_CPU;
+    const fa_dtype f32 = FA_DTYPE_F32;
+    fa_context *c;
+    assert_int_equal(fa_context_create(&c, FA_BACKEND_CPU), FA_OK);
+    assert_int_equal(fa_context_set_threads(c, 2), FA_OK);
+    /* 1x1x1x8: forward, backward */
+    fa_tensor tq = fa_tensor_bshd(q, f32, cpu, 1, 1, 1, 8);
+    fa_tensor tk = fa_tensor_bshd(k, f32, cpu, 1, 1, 1, 8);
+    fa_tensor tv = fa_tensor_bshd(v, f32, cpu, 1, 1, 1, 8);
+    fa_tensor to = fa_tensor_bshd(o, f32, cpu, 1, 1, 1, 8);
+    fa_tensor tl = fa_tensor_3d(lse, f32, cpu, 1, 1, 1);
+    assert_int_equal(fa_fwd(c, &tq, &tk, &tv, NULL, &to, &tl), FA_OK);
+    assert_int_equal(fa_last_selection(c)->threads, 1);
+    fa_tensor tdq = fa_tensor_bshd(dq, f32, cpu, 1, 1, 1, 8);
+    fa_tensor tdk = fa_tensor_bshd(dk, f32, cpu, 1, 1, 1, 8);
+    fa_tensor tdv = fa_tensor_bshd(dv, f32, cpu, 1, 1, 1, 8);
+    assert_int_equal(fa_bwd(c, &tq, &tk, &tv, &to, &to, &tl, NULL, &tdq, &tdk, &tdv), FA_OK);
+    assert_int_equal(fa_last_selection(c)->threads, 1);
+    /* a decode step of a small model: H query heads over 1 kv head, d 64, 100 cached tokens
+       and one appended (4 * 2 * 101 * 64 = 52 kFLOP) */
+    int32_t seqlens[1] = {100};
+    fa_kvcache cache;
+    memset(&cache, 0, sizeof cache);
+    cache.k = fa_tensor_bshd(k, f32, cpu, 1, S, 1, D);
+    cache.v = fa_tensor_bshd(v, f32, cpu, 1, S, 1, D);
+    cache.seqlens = seqlens;
+    fa_tensor dq1 = fa_tensor_bshd(q, f32, cpu, 1, 1, H, D);
+    fa_tensor do1 = fa_tensor_bshd(o, f32, cpu, 1, 1, H, D);
+    fa_tensor tkn = fa_tensor_bshd(kn, f32, cpu, 1, 1, 1, D);
+    fa_tensor tvn = fa_tensor_bshd(vn, f32, cpu, 1, 1, 1, D);
+    fa_tensor dl1 = fa_tensor_3d(lse, f32, cpu, 1, H, 1);
+    assert_int_equal(fa_fwd_kvcache(c, &dq1, &cache, &tkn, &tvn, NULL, 0, &do1, &dl1), FA_OK);
+    assert_int_equal(fa_last_selection(c)->threads, 1);
+    /* the merge of two such rows */
+    fa_tensor parts[2] = {do1, dq1};
+    fa_tensor plse[2] = {dl1, dl1};
+    fa_tensor mo = fa_tensor_bshd(dq, f32, cpu, 1, 1, H, D);
+    assert_int_equal(fa_merge_attn(c, 2, parts, plse, &mo, NULL), FA_OK);
+    assert_int_equal(fa_last_selection(c)->threads, 1);
+    /* above the threshold: the context's 2 threads */
+    fa_tensor bq = fa_tensor_bshd(q, f32, cpu, 1, S, H, D);
+    fa_tensor bk = fa_tensor_bshd(k, f32, cpu, 1, S, H, D);
+    fa_tensor bv = fa_tensor_bshd(v, f32, cpu, 1, S, H, D);
+    fa_tensor bo = fa_tensor_bshd(o, f32, cpu, 1, S, H, D);
+    fa_tensor bl = fa_tensor_3d(lse, f32, cpu, 1, H, S);
+    assert_int_equal(fa_fwd(c, &bq, &bk, &bv, NULL, &bo, &bl), FA_OK);
+    assert_int_equal(fa_last_selection(c)->threads, 2);
+    fa_context_destroy(c);
+    free(buf);
+}
+
 /* A user workspace of exactly the reported size serves the call (and gives the same result
    as the context's own); a smaller one is refused; clearing it goes back to the context's. */
 /* The CPU backward's two schedules (src/cpu/bwd_schedule.c): the record says when the slower
@@ -498,6 +561,7 @@ int main(void) {
         cmocka_unit_test(context_setters),  cmocka_unit_test(selection_record),
         cmocka_unit_test(user_workspace), cmocka_unit_test(bwd_schedule_record),
         cmocka_unit_test(strict_refuses_fallback), cmocka_unit_test(f32_amx_switch),
+        cmocka_unit_test(small_calls_one_thread),
 #ifndef _WIN32
         cmocka_unit_test(env_log),          cmocka_unit_test(env_threads),
 #endif

@@ -211,7 +211,15 @@ typedef struct bench_copy {
     double start_s, end_s;       /* median seconds of one copy; 0 if not measured */
     double start_bps, end_bps;   /* 2 * bytes / median */
     double bps;                  /* max(start_bps, end_bps) */
+    /* CPU only: bytes per second of a multithreaded read of the copy's source (host_read.c),
+       before and after the sweep, and the higher of the two; 0 if not measured */
+    double read_start_bps, read_end_bps, read_bps;
 } bench_copy;
+
+/* host_read.c: bytes per second of reading `bytes` of host memory at buf on `threads`
+   threads (0: all), the median of reps (<= 16) timed reads after one untimed one. */
+double bench_host_read_bps(const void *buf, size_t bytes, int threads, int reps,
+                           double *median_s);
 
 /* Runs the decode sweep of cfg->dec, printing a row each; *rows (malloc'd) gets them all.
    Returns the number of failed rows, or -1 when nothing could run (why in fatal). */
@@ -230,5 +238,9 @@ int bench_write_json(const char *path, const bench_cfg *cfg, const bench_row *ro
 int bench_write_decode_json(const char *path, const bench_cfg *cfg, const bench_decode_row *rows,
                             int nrows, const bench_copy *copy, const double load[2],
                             const char *fatal);
+
+/* `--tiny` (bench_tiny.c): the median latency of tiny CPU calls (fwd, bwd, fwd_kvcache),
+   each call timed alone, with the threads the library recorded; 0, or 1 if a call failed. */
+int bench_tiny_run(const bench_cfg *cfg);
 
 #endif /* FA_TOOL_BENCH_H */

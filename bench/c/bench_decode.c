@@ -235,13 +235,15 @@ static int time_row(fa_context *ctx, const bench_cfg *cfg, const fa_kvcache *cac
     return 0;
 }
 
+/* The CPU's rows add the KV bytes per second as a share of the host read bandwidth. */
 static void print_header(int gpu) {
-    printf("%5s %7s %-10s %6s %4s %4s %10s %10s %10s %8s %6s  %s\n", "B", "cache", "layout",
+    printf("%5s %7s %-10s %6s %4s %4s %10s %10s %10s %8s %6s %s %s\n", "B", "cache", "layout",
            "checks", "reps", "sets", "median us", "loop us", "host us", gpu ? "KV TB/s" : "KV GB/s",
-           "%copy", "kernel/splits");
+           "%copy", gpu ? "" : " %read", " kernel/splits");
 }
 
-static void print_row(const bench_decode_row *r, double copy_bps, int gpu) {
+static void print_row(const bench_decode_row *r, const bench_copy *copy, int gpu) {
+    const double copy_bps = copy->bps;
     char layout[24];
     if (r->paged)
         snprintf(layout, sizeof layout, "paged%lld", (long long)r->page_size);
@@ -254,13 +256,16 @@ static void print_row(const bench_decode_row *r, double copy_bps, int gpu) {
         return;
     }
     double bps = r->kv_bytes / r->median_s;
-    printf("%4d %4d %10.1f %10.1f %10.1f %8.3f %5.1f%%  %s/%d\n", r->reps, r->sets,
-           r->median_s * 1e6, r->loop_s * 1e6, r->host_loop_s * 1e6, bps * (gpu ? 1e-12 : 1e-9),
-           copy_bps > 0 ? 100 * bps / copy_bps : 0.0, r->kernel, r->num_splits);
+    printf("%4d %4d %10.1f %10.1f %10.1f %8.3f %5.1f%% ", r->reps, r->sets, r->median_s * 1e6,
+           r->loop_s * 1e6, r->host_loop_s * 1e6, bps * (gpu ? 1e-12 : 1e-9),
+           copy_bps > 0 ? 100 * bps / copy_bps : 0.0);
+    if (!gpu) printf("%5.1f%% ", copy->read_bps > 0 ? 100 * bps / copy->read_bps : 0.0);
+    printf(" %s/%d\n", r->kernel, r->num_splits);
 }
 
+/* The copy bandwidth into *bps and, on the CPU, the read bandwidth into *read_bps. */
 static int measure(bench_buf c[2], const bench_cfg *cfg, bench_timer *tm, double *med, double *bps,
-                   const char *when) {
+                   double *read_bps, const char *when) {
     char err[256];
     int reps = 0;
     if (time_copy(&c[1], &c[0], cfg->dec.copy_bytes, tm, med, &reps, err, sizeof err) != 0) {
@@ -273,6 +278,11 @@ static int measure(bench_buf c[2], const bench_cfg *cfg, bench_timer *tm, double
            when, tool_fmt_bytes(b, sizeof b, (double)cfg->dec.copy_bytes), *med * 1e6, reps,
            *bps * (cfg->backend == FA_BACKEND_CUDA ? 1e-12 : 1e-9),
            cfg->backend == FA_BACKEND_CUDA ? "TB/s" : "GB/s");
+    if (cfg->backend == FA_BACKEND_CUDA) return 0;
+    double rmed;
+    *read_bps = bench_host_read_bps(c[0].ptr, cfg->dec.copy_bytes, (int)cfg->threads[0], 10, &rmed);
+    printf("# read bandwidth (%s): %s read in %.1f us (median of 10, %s threads), %.3f GB/s\n",
+           when, b, rmed * 1e6, cfg->threads[0] > 0 ? "the context's" : "all", *read_bps * 1e-9);
     return 0;
 }
 
@@ -315,11 +325,13 @@ int bench_decode_run(bench_cfg *cfg, bench_decode_row **rows_out, int *nrows_out
         goto done;
     }
     copy->reps = 10;
-    if (measure(cb, cfg, tm, &copy->start_s, &copy->start_bps, "before the sweep") != 0) {
+    if (measure(cb, cfg, tm, &copy->start_s, &copy->start_bps, &copy->read_start_bps,
+                "before the sweep") != 0) {
         snprintf(fatal, fatal_len, "the copy bandwidth could not be measured");
         goto done;
     }
     copy->bps = copy->start_bps;
+    copy->read_bps = copy->read_start_bps;
     if (pools_make(&pl, cfg, dev, dt, &rng) != 0) {
         char b[32];
         snprintf(fatal, fatal_len, "cannot allocate or fill the cache pools (K and V of %s each)",
@@ -379,7 +391,7 @@ int bench_decode_run(bench_cfg *cfg, bench_decode_row **rows_out, int *nrows_out
                     } else if (time_row(ctx, cfg, caches, nsets, &q, &o, &p, tm, r) != 0) {
                         failed++;
                     }
-                    print_row(r, copy->bps, gpu);
+                    print_row(r, copy, gpu);
                     fflush(stdout);
                     if (cfg->json_path) {
                         double load[2] = {cfg->load_start, tool_loadavg()};
@@ -387,9 +399,11 @@ int bench_decode_run(bench_cfg *cfg, bench_decode_row **rows_out, int *nrows_out
                     }
                 }
             }
-    if (measure(cb, cfg, tm, &copy->end_s, &copy->end_bps, "after the sweep") == 0 &&
-        copy->end_bps > copy->bps)
-        copy->bps = copy->end_bps;
+    if (measure(cb, cfg, tm, &copy->end_s, &copy->end_bps, &copy->read_end_bps,
+                "after the sweep") == 0) {
+        if (copy->end_bps > copy->bps) copy->bps = copy->end_bps;
+        if (copy->read_end_bps > copy->read_bps) copy->read_bps = copy->read_end_bps;
+    }
     *nrows_out = n;
 done:
     pools_free(&pl);

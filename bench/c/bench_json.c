@@ -244,10 +244,16 @@ static cJSON *copy_json(const bench_copy *cp) {
         cJSON_AddNumberToObject(o, "bytes_per_s", cp->bps);
         cJSON_AddNumberToObject(o, "tbps", cp->bps * 1e-12);
     }
+    if (cp->read_bps > 0) { /* CPU: the multithreaded read of host memory (host_read.c) */
+        cJSON_AddNumberToObject(o, "read_start_bytes_per_s", cp->read_start_bps);
+        cJSON_AddNumberToObject(o, "read_end_bytes_per_s", cp->read_end_bps);
+        cJSON_AddNumberToObject(o, "read_bytes_per_s", cp->read_bps);
+    }
     return o;
 }
 
-static cJSON *decode_row_json(const bench_decode_row *r, double copy_bps) {
+static cJSON *decode_row_json(const bench_decode_row *r, const bench_copy *copy) {
+    const double copy_bps = copy->bps;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "impl", "ours");
     cJSON_AddStringToObject(o, "op", "decode");
@@ -280,6 +286,7 @@ static cJSON *decode_row_json(const bench_decode_row *r, double copy_bps) {
     cJSON_AddNumberToObject(o, "kv_bytes_per_s", bps);
     cJSON_AddNumberToObject(o, "kv_tbps", bps * 1e-12);
     if (copy_bps > 0) cJSON_AddNumberToObject(o, "fraction_of_copy", bps / copy_bps);
+    if (copy->read_bps > 0) cJSON_AddNumberToObject(o, "fraction_of_read", bps / copy->read_bps);
     cJSON_AddStringToObject(o, "kernel", r->kernel);
     cJSON_AddNumberToObject(o, "num_splits", r->num_splits);
     cJSON_AddNumberToObject(o, "workspace_bytes", (double)r->workspace_bytes);
@@ -297,6 +304,6 @@ int bench_write_decode_json(const char *path, const bench_cfg *cfg, const bench_
     cJSON_AddItemToObject(root, "config", decode_config_json(cfg));
     cJSON_AddItemToObject(root, "copy", copy_json(copy));
     cJSON *arr = cJSON_AddArrayToObject(root, "rows");
-    for (int i = 0; i < nrows; i++) cJSON_AddItemToArray(arr, decode_row_json(&rows[i], copy->bps));
+    for (int i = 0; i < nrows; i++) cJSON_AddItemToArray(arr, decode_row_json(&rows[i], copy));
     return write_root(path, root);
 }

@@ -61,6 +61,9 @@ static void usage(FILE *f) {
             "  --rotate BYTES     rotate between input sets of at least BYTES together, at\n"
             "                     least 2 sets; 0 uses one set (default 0; cuda 4x the L2)\n"
             "  --no-peak          skip the FMA peak measurement\n"
+            "  --tiny             only the latency of tiny CPU calls: a 1x1x1x8 fwd, bwd and\n"
+            "                     fwd_kvcache, and a small model's decode step, the median\n"
+            "                     of 2000 calls each timed alone (--threads N: the context's)\n"
             "  --seed N           input seed (default: fresh each run)\n"
             "  --json FILE        write every row and the machine description as JSON\n"
             "  -h, --help         this text\n"
@@ -239,10 +242,10 @@ int cmd_bench(int argc, char **argv) {
     enum { O_BACKEND = 256, O_B, O_H, O_HKV, O_D, O_SEQ, O_SEQQ, O_DT, O_CAUSAL, O_WIN, O_THR,
            O_OP, O_WARM, O_REPS, O_NOPEAK, O_SEED, O_JSON, O_SWEEP, O_TOK, O_MDIM, O_MASKS,
            O_MINT, O_MAXT, O_PAUSE, O_ROT, O_DECODE, O_BATCHES, O_LENS, O_CONTIG, O_PAGED, O_PSIZE,
-           O_CHECKS, O_SPLITS, O_COPY, O_CPU, O_END };
+           O_CHECKS, O_SPLITS, O_COPY, O_CPU, O_TINY, O_END };
     /* options of one sweep only: refused in the other, rather than silently ignored */
     static const int prefill_only[] = {O_B, O_SEQ, O_SEQQ, O_CAUSAL, O_WIN, O_OP, O_SWEEP,
-                                       O_TOK, O_MDIM, O_MASKS, O_NOPEAK, O_CPU, O_PAUSE};
+                                       O_TOK, O_MDIM, O_MASKS, O_NOPEAK, O_CPU, O_PAUSE, O_TINY};
     static const int decode_only[] = {O_BATCHES, O_LENS, O_CONTIG, O_PAGED, O_PSIZE, O_CHECKS,
                                       O_SPLITS, O_COPY};
     char seen[O_END] = {0};
@@ -266,6 +269,7 @@ int cmd_bench(int argc, char **argv) {
         {"paged", no_argument, 0, O_PAGED},           {"page-size", required_argument, 0, O_PSIZE},
         {"checks", required_argument, 0, O_CHECKS},   {"splits", required_argument, 0, O_SPLITS},
         {"copy-bytes", required_argument, 0, O_COPY},   {"cpu", no_argument, 0, O_CPU},
+        {"tiny", no_argument, 0, O_TINY},
         {0, 0, 0, 0}};
     /* --decode changes the defaults, so it is applied first, wherever it stands */
     for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
@@ -355,6 +359,7 @@ int cmd_bench(int argc, char **argv) {
             break;
         case O_JSON: cfg.json_path = optarg; break;
         case O_DECODE: break; /* applied before the loop */
+        case O_TINY: break;   /* acted on after the loop */
         case O_BATCHES: bad = parse_list_opt(optarg, cfg.dec.batches, &cfg.dec.nbatches); break;
         case O_LENS:
             bad = parse_list_opt(optarg, cfg.dec.cache_lens, &cfg.dec.nlens);
@@ -422,6 +427,13 @@ int cmd_bench(int argc, char **argv) {
     }
 
     if (cfg.decode) return run_decode(&cfg);
+    if (seen[O_TINY]) {
+        if (gpu) {
+            fprintf(stderr, "flashattn bench: --tiny times the CPU backend only\n");
+            return 2;
+        }
+        return bench_tiny_run(&cfg);
+    }
 
     double load0 = tool_loadavg();
     cfg.load_start = load0;

@@ -18,6 +18,7 @@
 #endif
 
 #include "isa.h"
+#include "team.h"
 
 int fa_cpu_threads(const fa_context *ctx) {
     if (ctx->threads > 0) return ctx->threads;
@@ -27,6 +28,25 @@ int fa_cpu_threads(const fa_context *ctx) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
 #endif
+}
+
+/* The FLOPs of a call, for fa_cpu_team: 4 B H sq sk d for the forward (every key counted,
+   masked or not: an upper bound is enough to tell small from large; varlen: the longest
+   sequences), 2.5 times that for the backward; a KV-cache call counts each sequence's keys. */
+static double fwd_flops(const fa_problem *p) {
+    return 4.0 * (double)p->batch * (double)p->heads_q * (double)p->seqlen_q *
+           (double)p->seqlen_k * (double)p->d;
+}
+
+static double kv_flops(const fa_problem *p) {
+    double keys = 0;
+    for (int64_t b = 0; b < p->batch; b++) keys += (double)fa_kv_len(p, b);
+    return 4.0 * (double)p->heads_q * (double)p->seqlen_q * keys * (double)p->d;
+}
+
+/* The threads of a forward or backward call (bwd: 1): the context's, or 1 when it is small. */
+static int call_threads(const fa_context *ctx, const fa_problem *p, int bwd) {
+    return fa_cpu_team(fa_cpu_threads(ctx), fwd_flops(p) * (bwd ? 2.5 : 1.0));
 }
 
 /* The naive references exist in two precisions (see fa_algo). */
@@ -245,7 +265,7 @@ static fa_status cpu_fwd_workspace(fa_context *ctx, const fa_problem *p, size_t 
     *bytes = 0;
     if (ctx->algo != FA_ALGO_AUTO) return FA_OK;
     fa_status st = isa_for(ctx, "fa_fwd", &isa);
-    if (st == FA_OK) *bytes = fa_cpu_isa_fwd_level(isa, p)->fwd_ws(p, fa_cpu_threads(ctx));
+    if (st == FA_OK) *bytes = fa_cpu_isa_fwd_level(isa, p)->fwd_ws(p, call_threads(ctx, p, 0));
     return st;
 }
 
@@ -255,7 +275,7 @@ static fa_status cpu_bwd_workspace(fa_context *ctx, const fa_problem *p, size_t 
     *bytes = 0;
     if (ctx->algo != FA_ALGO_AUTO) return FA_OK;
     fa_status st = isa_for(ctx, "fa_bwd", &isa);
-    const int threads = fa_cpu_threads(ctx);
+    const int threads = call_threads(ctx, p, 1);
     if (st == FA_OK) *bytes = fa_cpu_isa_bwd_level(isa, p, threads)->bwd_ws(p, threads);
     return st;
 }
@@ -280,7 +300,7 @@ static const char *tiled_name(char *buf, size_t len, const char *op, const char 
 
 static fa_status cpu_fwd(fa_context *ctx, const fa_problem *p, void *ws, size_t ws_bytes) {
     use_switches(ctx);
-    int threads = fa_cpu_threads(ctx);
+    int threads = call_threads(ctx, p, 0);
     char name[64];
     if (ctx->algo != FA_ALGO_AUTO) {
         int plain = ctx->algo == FA_ALGO_PLAIN;
@@ -315,7 +335,7 @@ static fa_status cpu_fwd(fa_context *ctx, const fa_problem *p, void *ws, size_t 
 
 static fa_status cpu_bwd(fa_context *ctx, const fa_problem *p, void *ws, size_t ws_bytes) {
     use_switches(ctx);
-    int threads = fa_cpu_threads(ctx);
+    int threads = call_threads(ctx, p, 1);
     char name[64];
     if (ctx->algo != FA_ALGO_AUTO) {
         int plain = ctx->algo == FA_ALGO_PLAIN;
@@ -387,7 +407,7 @@ static fa_status cpu_kv_plan(fa_context *ctx, const fa_problem *p, fa_cpu_kv_pla
     fa_status st = isa_for(ctx, "fa_fwd_kvcache", isa);
     if (st != FA_OK) return st;
     *isa = fa_cpu_isa_kv_level(*isa);
-    *plan = (*isa)->kv_plan(p, fa_cpu_threads(ctx));
+    *plan = (*isa)->kv_plan(p, fa_cpu_team(fa_cpu_threads(ctx), kv_flops(p)));
     if (plan->overflow)
         return fa_fail(ctx, FA_ERR_OVERFLOW,
                        "fa_fwd_kvcache: the partial outputs of %d splits do not fit the address "
@@ -423,7 +443,7 @@ static fa_status cpu_fwd_kvcache(fa_context *ctx, const fa_problem *p, void *ws,
 }
 
 static fa_status cpu_merge(fa_context *ctx, const fa_merge_problem *m) {
-    int threads = fa_cpu_threads(ctx);
+    const int threads = fa_cpu_team(fa_cpu_threads(ctx), fa_cpu_merge_flops(m));
     fa_cpu_merge(m, threads);
     char name[64];
     snprintf(name, sizeof name, "cpu_merge_attn_%s", fa_dtype_name(m->dtype));
@@ -523,13 +543,20 @@ const char *fa_cpu_kernel_name(int i) {
     return i < nt ? g_tiled_names[i] : cpu_fixed_kernels[i - nt];
 }
 
-static char g_features[160];
+/* Room for every name detect_features can append. */
+static char g_features[256];
 
 static void append(const char *name) {
     size_t n = strlen(g_features);
     snprintf(g_features + n, sizeof g_features - n, "%s%s", n ? " " : "", name);
 }
 
+/* The features the kernels use or a reader of `flashattn info` asks about (which dtype the
+   hardware multiplies natively): the AVX-512 and AMX ones read from CPUID leaf 7 directly,
+   because compilers name them differently or (avx512fp16, amx-fp16) not at all. Leaf 7
+   subleaf 0: EDX bit 23 AVX512-FP16, 22 AMX-BF16, 24 AMX-TILE, 25 AMX-INT8; subleaf 1: EAX
+   bit 5 AVX512-BF16, 21 AMX-FP16. CPUID says what the core has; whether the OS lets a
+   process use AMX is the amx level's own question (amx_probe). */
 static void detect_features(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
@@ -537,14 +564,21 @@ static void detect_features(void) {
     if (__builtin_cpu_supports("avx512f")) append("avx512f");
     if (__builtin_cpu_supports("avx512bw")) append("avx512bw");
     if (__builtin_cpu_supports("avx512vl")) append("avx512vl");
-    if (__builtin_cpu_supports("avx512bf16")) append("avx512bf16");
+    unsigned a, b, c, d, a1 = 0, b1, c1, d1;
+    const int leaf7 = __get_cpuid_count(7, 0, &a, &b, &c, &d);
+    const int sub1 = leaf7 && a >= 1 && __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
+    if (!sub1) a1 = 0;
+    const int avx512 = __builtin_cpu_supports("avx512f");
+    if (avx512 && ((a1 >> 5) & 1)) append("avx512_bf16");
+    if (avx512 && leaf7 && ((d >> 23) & 1)) append("avx512fp16");
     if (__builtin_cpu_supports("avx2")) append("avx2");
     if (__builtin_cpu_supports("fma")) append("fma");
     if (has_f16c()) append("f16c");
-    unsigned a, b, c, d;
-    if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+    if (leaf7) {
         if ((d >> 24) & 1) append("amx-tile");
         if ((d >> 22) & 1) append("amx-bf16");
+        if ((a1 >> 21) & 1) append("amx-fp16");
+        if ((d >> 25) & 1) append("amx-int8");
     }
 #endif
     if (!g_features[0]) append("portable");

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "team.h"
 #include "tile_math.h"
 
 #define BQ FA_TM_BQ
@@ -439,64 +440,83 @@ static void q_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int gs
                             B.sub[s].dq + (ptrdiff_t)i * dp, d, p->scale);
 }
 
+/* One backward call's layout, shared by its four loops' items. */
+typedef struct bwd_run {
+    const fa_problem *p;
+    float *D, *base;
+    size_t per_thread, kvf;
+    int64_t ntq, ntk, nqg, nkg, rows;
+    int qgs, kgs;
+} bwd_run;
+
+static void rowdot_run(void *arg, int64_t w) {
+    const bwd_run *r = arg;
+    const fa_problem *p = r->p;
+    const int64_t bh = w / r->ntq;
+    rowdot_item(p, bh / p->heads_q, bh % p->heads_q, (w % r->ntq) * BQ, r->D);
+}
+
+/* One-pass: every key tile of (b, kv head) in turn, dQ summed in the thread's buffer. */
+static void one_pass_run(void *arg, int64_t w) {
+    const bwd_run *r = arg;
+    const fa_problem *p = r->p;
+    const int64_t b = w / p->heads_kv, hk = w % p->heads_kv, dp = fa_tm_pad16((int)p->d);
+    float *t = r->base + r->per_thread * (size_t)fa_tm_tid(), *dq = t + r->kvf;
+    memset(dq, 0, fa_cpu_bwd_dq_floats(p) * sizeof(float));
+    for (int64_t g0 = 0; g0 < r->ntk; g0 += BWD_KSUB)
+        kv_item(p, b, hk, g0, BWD_KSUB, t, r->D, dq, r->rows);
+    int64_t q0, sq, k0, sk;
+    fa_seq_bounds(p, b, &q0, &sq, &k0, &sk);
+    const size_t es = fa_dtype_size(p->dtype);
+    const int64_t bq = p->cu_q ? 0 : b;
+    for (int64_t g = 0; g < p->group; g++)
+        for (int64_t i = 0; i < sq; i++)
+            fa_tm_store_row(fa_tm_row(&p->dq, es, bq, q0 + i, hk * p->group + g), p->dtype,
+                            dq + (g * r->rows + i) * dp, (int)p->d, p->scale);
+}
+
+/* first key tiles first: under a causal mask they are seen by the most rows */
+static void kv_run(void *arg, int64_t w) {
+    const bwd_run *r = arg;
+    const fa_problem *p = r->p;
+    const int64_t bh = w / r->nkg;
+    kv_item(p, bh / p->heads_kv, bh % p->heads_kv, (w % r->nkg) * r->kgs, r->kgs,
+            r->base + r->per_thread * (size_t)fa_tm_tid(), r->D, NULL, 0);
+}
+
+static void q_run(void *arg, int64_t w) {
+    const bwd_run *r = arg;
+    const fa_problem *p = r->p;
+    const int64_t g = r->nqg - 1 - w % r->nqg, bh = w / r->nqg;
+    q_item(p, bh / p->heads_q, bh % p->heads_q, g * r->qgs, r->qgs,
+           r->base + r->per_thread * (size_t)fa_tm_tid(), r->D);
+}
+
 void FA_ISA_FN(fa_cpu_bwd_tiled)(const fa_problem *p, void *ws, int threads) {
     if (threads < 1) threads = 1;
-    float *D = fa_tm_align(ws);
+    bwd_run r;
+    memset(&r, 0, sizeof r);
+    r.p = p;
+    r.D = fa_tm_align(ws);
     const size_t dfloats = ((size_t)(p->heads_q * d_rows(p)) + 15) & ~(size_t)15;
-    float *base = D + dfloats;
-    const size_t per_thread = thread_floats(p, threads);
+    r.base = r.D + dfloats;
+    r.per_thread = thread_floats(p, threads);
     /* varlen: seqlen_q/k are the longest sequences */
-    const int64_t ntq = (p->seqlen_q + BQ - 1) / BQ;
-    const int64_t ntk = (p->seqlen_k + BK - 1) / BK;
-    const int64_t q_items = p->batch * p->heads_q * ntq;
-    const int qgs = fa_tm_group(ntq, p->batch * p->heads_q, threads, BWD_QSUB);
-    const int64_t nqg = (ntq + qgs - 1) / qgs;
-    const int64_t qg_items = p->batch * p->heads_q * nqg;
-    const int kgs = fa_tm_group(ntk, p->batch * p->heads_kv, threads, BWD_KSUB);
-    const int64_t nkg = (ntk + kgs - 1) / kgs;
-    const int64_t kv_items = p->batch * p->heads_kv * nkg;
+    r.ntq = (p->seqlen_q + BQ - 1) / BQ;
+    r.ntk = (p->seqlen_k + BK - 1) / BK;
+    r.qgs = fa_tm_group(r.ntq, p->batch * p->heads_q, threads, BWD_QSUB);
+    r.nqg = (r.ntq + r.qgs - 1) / r.qgs;
+    r.kgs = fa_tm_group(r.ntk, p->batch * p->heads_kv, threads, BWD_KSUB);
+    r.nkg = (r.ntk + r.kgs - 1) / r.kgs;
 
-#pragma omp parallel for num_threads(threads) schedule(dynamic)
-    for (int64_t w = 0; w < q_items; w++) {
-        const int64_t bh = w / ntq;
-        rowdot_item(p, bh / p->heads_q, bh % p->heads_q, (w % ntq) * BQ, D);
-    }
-
+    fa_cpu_for(threads, p->batch * p->heads_q * r.ntq, rowdot_run, &r);
     if (fa_cpu_bwd_one_pass(p, threads, NULL, 0)) {
         kv_bufs unused;
-        const size_t kvf = kv_layout(p->d, NULL, &unused);
-        const int64_t rows = fa_cpu_bwd_dq_rows(p), dp = fa_tm_pad16((int)p->d);
-#pragma omp parallel for num_threads(threads) schedule(dynamic)
-        for (int64_t w = 0; w < p->batch * p->heads_kv; w++) {
-            const int64_t b = w / p->heads_kv, hk = w % p->heads_kv;
-            float *t = base + per_thread * (size_t)fa_tm_tid(), *dq = t + kvf;
-            memset(dq, 0, fa_cpu_bwd_dq_floats(p) * sizeof(float));
-            for (int64_t g0 = 0; g0 < ntk; g0 += BWD_KSUB)
-                kv_item(p, b, hk, g0, BWD_KSUB, t, D, dq, rows);
-            int64_t q0, sq, k0, sk;
-            fa_seq_bounds(p, b, &q0, &sq, &k0, &sk);
-            const size_t es = fa_dtype_size(p->dtype);
-            const int64_t bq = p->cu_q ? 0 : b;
-            for (int64_t r = 0; r < p->group; r++)
-                for (int64_t i = 0; i < sq; i++)
-                    fa_tm_store_row(fa_tm_row(&p->dq, es, bq, q0 + i, hk * p->group + r),
-                                    p->dtype, dq + (r * rows + i) * dp, (int)p->d, p->scale);
-        }
+        r.kvf = kv_layout(p->d, NULL, &unused);
+        r.rows = fa_cpu_bwd_dq_rows(p);
+        fa_cpu_for(threads, p->batch * p->heads_kv, one_pass_run, &r);
         return;
     }
-
-    /* first key tiles first: under a causal mask they are seen by the most rows */
-#pragma omp parallel for num_threads(threads) schedule(dynamic)
-    for (int64_t w = 0; w < kv_items; w++) {
-        const int64_t bh = w / nkg;
-        kv_item(p, bh / p->heads_kv, bh % p->heads_kv, (w % nkg) * kgs, kgs,
-                base + per_thread * (size_t)fa_tm_tid(), D, NULL, 0);
-    }
-
-#pragma omp parallel for num_threads(threads) schedule(dynamic)
-    for (int64_t w = 0; w < qg_items; w++) {
-        const int64_t g = nqg - 1 - w % nqg, bh = w / nqg;
-        q_item(p, bh / p->heads_q, bh % p->heads_q, g * qgs, qgs,
-               base + per_thread * (size_t)fa_tm_tid(), D);
-    }
+    fa_cpu_for(threads, p->batch * p->heads_kv * r.nkg, kv_run, &r);
+    fa_cpu_for(threads, p->batch * p->heads_q * r.nqg, q_run, &r);
 }

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "team.h"
 #include "tile_math.h"
 
 #define BQ FA_TM_BQ
@@ -309,20 +310,29 @@ static void fwd_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int 
         sub_store(&B.sub[s], &rows[s], p, b, bq, q0 + (g0 + s) * BQ, nq[s], h, dp);
 }
 
+typedef struct fwd_run {
+    const fa_problem *p;
+    float *base;
+    size_t per_thread;
+    int64_t ngroups;
+    int gsize;
+} fwd_run;
+
+static void fwd_run_item(void *arg, int64_t w) {
+    const fwd_run *r = arg;
+    const fa_problem *p = r->p;
+    /* last tiles first: under a causal mask they are the longest */
+    const int64_t g = r->ngroups - 1 - w % r->ngroups, bh = w / r->ngroups;
+    fwd_item(p, bh / p->heads_q, bh % p->heads_q, g * r->gsize, r->gsize,
+             r->base + r->per_thread * (size_t)fa_tm_tid());
+}
+
 void FA_ISA_FN(fa_cpu_fwd_tiled)(const fa_problem *p, void *ws, int threads) {
     if (threads < 1) threads = 1;
     fwd_bufs unused;
-    const size_t per_thread = fwd_layout(p->d, NULL, &unused);
-    float *base = fa_tm_align(ws);
+    fwd_run r = {p, fa_tm_align(ws), fwd_layout(p->d, NULL, &unused), 0, 0};
     const int64_t ntq = (p->seqlen_q + BQ - 1) / BQ; /* varlen: the longest sequence */
-    const int gsize = fa_tm_group(ntq, p->batch * p->heads_q, threads, FWD_QSUB);
-    const int64_t ngroups = (ntq + gsize - 1) / gsize;
-    const int64_t items = p->batch * p->heads_q * ngroups;
-#pragma omp parallel for num_threads(threads) schedule(dynamic)
-    for (int64_t w = 0; w < items; w++) {
-        /* last tiles first: under a causal mask they are the longest */
-        const int64_t g = ngroups - 1 - w % ngroups, bh = w / ngroups;
-        fwd_item(p, bh / p->heads_q, bh % p->heads_q, g * gsize, gsize,
-                 base + per_thread * (size_t)fa_tm_tid());
-    }
+    r.gsize = fa_tm_group(ntq, p->batch * p->heads_q, threads, FWD_QSUB);
+    r.ngroups = (ntq + r.gsize - 1) / r.gsize;
+    fa_cpu_for(threads, p->batch * p->heads_q * r.ngroups, fwd_run_item, &r);
 }

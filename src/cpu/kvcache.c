@@ -6,10 +6,10 @@
  * A work item is one (sequence, kv head, tile of packed query rows, key chunk). The rows of a
  * tile are the seqlen_q positions of every query head that reads this kv head (GQA packing),
  * so each K/V row is loaded and widened to fp32 once for the whole group. Decoding has few
- * rows per item: the score matmul runs key-major (K rows as they are in memory, the few
- * query columns padded to 16 rather than to a 64-wide tile), and its small nk x nr result is
- * turned query-major, where the softmax reduces along contiguous rows and P V needs the rows
- * padded only to 4.
+ * rows per item, and none of them is padding: the scores are dot products along the head
+ * dim (decode_dot.h), written query-major, where the softmax reduces along contiguous rows,
+ * and P V runs on exactly the item's rows (fa_tm_gemm_exact). A GQA group of 4 once filled
+ * 4 of 16 score columns and 4 of 4 rows; of 1, 1 of 16 and 1 of 4.
  *
  * Split-KV: with splits > 1 the key range of each item's rows is cut into BK-aligned chunks;
  * each chunk writes its normalised fp32 partial output and LSE into the workspace, and
@@ -18,7 +18,9 @@
 #include <math.h>
 #include <string.h>
 
+#include "decode_dot.h"
 #include "kvcache.h"
+#include "team.h"
 #include "tile_math.h"
 
 #define BQ FA_TM_BQ
@@ -29,10 +31,9 @@
 #define MAX_AUTO_SPLITS 64
 
 typedef struct kv_bufs {
-    float *qt;    /* d x BQ: packed query rows transposed */
-    float *kf;    /* BK x dp: K tile (rows past the tile's keys zero) */
+    float *q;     /* BQ x dp: packed query rows, zero beyond d */
+    float *kf;    /* BK x dp: K tile */
     float *vf;    /* BK x dp: V tile */
-    float *st;    /* BK x BQ: scores key-major, as the matmul leaves them */
     float *s;     /* BQ x BK: scores query-major, then unnormalised probabilities */
     float *o;     /* BQ x dp: output accumulator, scaled by exp(-m) */
     float *m, *l; /* BQ: running max and sum of each row */
@@ -41,10 +42,9 @@ typedef struct kv_bufs {
 /* Places the buffers at base (or only counts, base NULL); returns floats per thread. */
 static size_t kv_layout(int64_t d, float *base, kv_bufs *b) {
     size_t off = 0, dp = (size_t)fa_tm_pad16((int)d);
-    b->qt = fa_tm_take(base, &off, (size_t)d * BQ);
+    b->q = fa_tm_take(base, &off, BQ * dp);
     b->kf = fa_tm_take(base, &off, BK * dp);
     b->vf = fa_tm_take(base, &off, BK * dp);
-    b->st = fa_tm_take(base, &off, (size_t)BK * BQ);
     b->s = fa_tm_take(base, &off, (size_t)BQ * BK);
     b->o = fa_tm_take(base, &off, BQ * dp);
     b->m = fa_tm_take(base, &off, BQ);
@@ -149,18 +149,22 @@ FA_TM_INLINE void *kv_row(const fa_problem *p, const fa_operand *a, size_t es, i
     return fa_tm_row(a, es, page, t % p->page_size, hk);
 }
 
+static void append_item(void *arg, int64_t w) {
+    const fa_problem *p = arg;
+    const size_t es = fa_dtype_size(p->dtype), bytes = (size_t)p->d * es;
+    const int64_t b = w / p->seqlen_new, t = w % p->seqlen_new, pos = p->kv_seqlens[b] + t;
+    for (int64_t h = 0; h < p->heads_kv; h++) {
+        memcpy(kv_row(p, &p->k, es, b, pos, h), fa_tm_row(&p->k_new, es, b, t, h), bytes);
+        memcpy(kv_row(p, &p->v, es, b, pos, h), fa_tm_row(&p->v_new, es, b, t, h), bytes);
+    }
+}
+
+/* The copy runs on the calling thread below 65536 elements a side: a team costs more than
+   copying that much. */
 static void append(const fa_problem *p, int threads) {
     if (!p->k_new.data) return;
-    const size_t es = fa_dtype_size(p->dtype), bytes = (size_t)p->d * es;
     const int64_t n = p->batch * p->seqlen_new;
-#pragma omp parallel for num_threads(threads) if (n * p->heads_kv * p->d > 65536)
-    for (int64_t w = 0; w < n; w++) {
-        const int64_t b = w / p->seqlen_new, t = w % p->seqlen_new, pos = p->kv_seqlens[b] + t;
-        for (int64_t h = 0; h < p->heads_kv; h++) {
-            memcpy(kv_row(p, &p->k, es, b, pos, h), fa_tm_row(&p->k_new, es, b, t, h), bytes);
-            memcpy(kv_row(p, &p->v, es, b, pos, h), fa_tm_row(&p->v_new, es, b, t, h), bytes);
-        }
-    }
+    fa_cpu_for(n * p->heads_kv * p->d > 65536 ? threads : 1, n, append_item, (void *)p);
 }
 
 /* ---- attention ---- */
@@ -267,7 +271,7 @@ FA_TM_INLINE void load_kv(const kv_bufs *B, const fa_problem *p, int64_t b, int6
                           int64_t j0, int nk, int64_t next_end) {
     const fa_dtype dt = p->dtype;
     const size_t es = fa_dtype_size(dt);
-    const int d = (int)p->d, dp = fa_tm_pad16(d), nk4 = fa_tm_pad4(nk);
+    const int d = (int)p->d, dp = fa_tm_pad16(d);
     for (int j = 0; j < nk; j++) {
         const int64_t t = j0 + j, tn = t + BK;
         fa_tm_load_row(B->kf + (ptrdiff_t)j * dp, kv_row(p, &p->k, es, b, t, hk), dt, d, dp,
@@ -279,19 +283,24 @@ FA_TM_INLINE void load_kv(const kv_bufs *B, const fa_problem *p, int64_t b, int6
             prefetch_row(kv_row(p, &p->v, es, b, tn, hk), (size_t)d * es);
         }
     }
-    memset(B->kf + (ptrdiff_t)nk * dp, 0, (size_t)(nk4 - nk) * dp * sizeof(float));
 }
 
-/* S = scale Q K^T for the tile: key-major st[j][r] = K_j . Q_r over W = pad16(nr) columns,
-   then query-major s[r][j] for the softmax and P V. The scale is applied here, to the finished
-   dot product, not folded into Q, where its rounding would perturb every score. */
-FA_TM_INLINE void scores(const kv_bufs *B, int nr, int nk, int d, int dp, float scale) {
-    const int nk4 = fa_tm_pad4(nk), w = fa_tm_pad16(nr);
-    fa_tm_gemm_set(nk4, w, d, B->kf, dp, 1, B->qt, BQ, B->st, BQ);
-    for (int r = 0; r < nr; r++) {
-        float *restrict s = B->s + (ptrdiff_t)r * BK;
-        for (int j = 0; j < nk; j++) s[j] = scale * B->st[(ptrdiff_t)j * BQ + r];
+/* The tile's K and V rows read where they lie, or NULL when they must be loaded: fp32 rows of
+   a contiguous cache whose head dim is a whole number of 16-float blocks are already what the
+   matmuls take (rows st apart, no padding columns), so copying them into the tiles would
+   only read them twice. The next tile's rows are fetched meanwhile, as load_kv does. */
+FA_TM_INLINE int kv_in_place(const fa_problem *p, int64_t b, int64_t hk, int64_t j0, int nk,
+                             int64_t next_end, const float **k, const float **v) {
+    if (p->dtype != FA_DTYPE_F32 || p->block_table || p->d % 16 || p->k.st <= 0 ||
+        p->v.st <= 0)
+        return 0;
+    *k = (const float *)fa_tm_row(&p->k, 4, b, j0, hk);
+    *v = (const float *)fa_tm_row(&p->v, 4, b, j0, hk);
+    for (int j = 0; j < nk && j0 + BK + j < next_end; j++) {
+        prefetch_row(fa_tm_row(&p->k, 4, b, j0 + BK + j, hk), (size_t)p->d * 4);
+        prefetch_row(fa_tm_row(&p->v, 4, b, j0 + BK + j, hk), (size_t)p->d * 4);
     }
+    return 1;
 }
 
 /* Where an item's rows go: the output (one split) or the split's fp32 partials. */
@@ -341,15 +350,12 @@ static void kv_item(const fa_problem *p, int64_t w, int splits, float *ws, const
     kv_layout(d, ws, &B);
     kv_rows R;
     rows_init(&R, p, b, hk, rt, s, splits);
-    const int nr = R.q.n, nr4 = fa_tm_pad4(nr), nq16 = fa_tm_pad16(nr);
+    const int nr = R.q.n;
 
     for (int r = 0; r < nr; r++)
-        fa_tm_load_col(B.qt + r, BQ, fa_tm_row(&p->q, es, b, R.i[r], R.h[r]), dt, d, 1.0f);
-    for (int x = 0; x < d; x++)
-        for (int r = nr; r < nq16; r++) B.qt[(ptrdiff_t)x * BQ + r] = 0.0f;
-    /* padding rows of the probabilities stay 0 for the P V matmul */
-    memset(B.s + (ptrdiff_t)nr * BK, 0, (size_t)(nr4 - nr) * BK * sizeof(float));
-    memset(B.o, 0, (size_t)nr4 * dp * sizeof(float));
+        fa_tm_load_row(B.q + (ptrdiff_t)r * dp, fa_tm_row(&p->q, es, b, R.i[r], R.h[r]), dt, d,
+                       dp, 1.0f);
+    memset(B.o, 0, (size_t)nr * dp * sizeof(float));
     for (int r = 0; r < nr; r++) {
         B.m[r] = -INFINITY;
         B.l[r] = 0.0f;
@@ -360,18 +366,25 @@ static void kv_item(const fa_problem *p, int64_t w, int splits, float *ws, const
         const int nk = R.q.uhi - j0 < BK ? (int)(R.q.uhi - j0) : BK;
         const int kind = fa_tm_classify(&R.q, j0, j0 + nk);
         if (kind == FA_TM_NONE) continue;
-        load_kv(&B, p, b, hk, j0, nk, R.q.uhi);
-        scores(&B, nr, nk, d, dp, p->scale);
+        const float *kt = B.kf, *vt = B.vf;
+        ptrdiff_t ldk = dp, ldv = dp;
+        if (kv_in_place(p, b, hk, j0, nk, R.q.uhi, &kt, &vt)) {
+            ldk = (ptrdiff_t)p->k.st;
+            ldv = (ptrdiff_t)p->v.st;
+        } else {
+            load_kv(&B, p, b, hk, j0, nk, R.q.uhi);
+        }
+        fa_dd_scores(nr, nk, kt, ldk, B.q, dp, dp, B.s, BK, p->scale);
         rel_init(&rel, &R, j0);
         fa_tm_scores_qmajor(B.s, NULL, nr, nk, &rel, 1.0f, p->softcap, 0.0f, kind == FA_TM_PARTIAL);
         if (R.alibi) alibi_rows(B.s, &R, &rel, nk);
         softmax_rows(&B, nr, nk, dp);
         /* O[r][x] += sum_j P[r][j] V[j][x]; where the tile has a mask edge and V an Inf or
            NaN, the masked keys are skipped (their P is 0, but 0 * Inf or NaN is NaN) */
-        if (kind == FA_TM_PARTIAL && !fa_tm_rows_finite(B.vf, nk, dp, dp))
-            fa_tm_gemm_vis(nr4, dp, nk, rel.lo, rel.hi, 0, B.s, BK, 1, B.vf, dp, B.o, dp);
+        if (kind == FA_TM_PARTIAL && !fa_tm_rows_finite(vt, nk, dp, ldv))
+            fa_tm_gemm_vis(nr, dp, nk, rel.lo, rel.hi, 0, B.s, BK, 1, vt, ldv, B.o, dp);
         else
-            fa_tm_gemm(nr4, dp, nk, B.s, BK, 1, B.vf, dp, B.o, dp);
+            fa_tm_gemm_exact(nr, dp, nk, B.s, BK, 1, vt, ldv, B.o, dp);
     }
     store_rows(p, &B, &R, b, s, splits, pt);
 }
@@ -392,7 +405,20 @@ static void merge_splits(const fa_problem *p, int splits, const kv_partials *pt,
     }
     fa_merge_problem m = {splits, pt->parts, FA_DTYPE_F32, p->dtype, p->batch, sq, hq, d,
                           p->o, (float *)p->lse, p->lse_sb, p->lse_sh, p->lse_st};
-    fa_cpu_merge(&m, threads);
+    fa_cpu_merge(&m, fa_cpu_team(threads, fa_cpu_merge_flops(&m)));
+}
+
+typedef struct kv_run {
+    const fa_problem *p;
+    int splits;
+    float *tiles;
+    size_t per_thread;
+    const kv_partials *pt;
+} kv_run;
+
+static void kv_run_item(void *arg, int64_t w) {
+    const kv_run *r = arg;
+    kv_item(r->p, w, r->splits, r->tiles + r->per_thread * (size_t)fa_tm_tid(), r->pt);
 }
 
 void FA_ISA_FN(fa_cpu_fwd_kvcache)(const fa_problem *p, const fa_cpu_kv_plan *plan, void *ws) {
@@ -407,9 +433,7 @@ void FA_ISA_FN(fa_cpu_fwd_kvcache)(const fa_problem *p, const fa_cpu_kv_plan *pl
         int overflow = 0;
         partials_layout(p, splits, (char *)(tiles + per_thread * (size_t)threads), &pt, &overflow);
     }
-    const int64_t items = plan->items;
-#pragma omp parallel for num_threads(threads) schedule(dynamic)
-    for (int64_t w = 0; w < items; w++)
-        kv_item(p, w, splits, tiles + per_thread * (size_t)fa_tm_tid(), &pt);
+    kv_run r = {p, splits, tiles, per_thread, &pt};
+    fa_cpu_for(threads, plan->items, kv_run_item, &r);
     if (splits > 1) merge_splits(p, splits, &pt, threads);
 }

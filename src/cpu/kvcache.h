@@ -25,7 +25,10 @@ void FA_ISA_FN(fa_cpu_fwd_kvcache)(const fa_problem *p, const fa_cpu_kv_plan *pl
 #endif
 
 /* out = sum_s exp(lse_s - lse) out_s, lse = log sum_s exp(lse_s), row by row; parts with
-   lse -inf carry no weight (their out is not read); a row no part saw gets 0 and -inf. */
+   lse -inf carry no weight (their out is not read); a row no part saw gets 0 and -inf. Runs
+   on exactly `threads` threads (1: no team; the caller decides, cpu/team.h). */
 void fa_cpu_merge(const fa_merge_problem *m, int threads);
+/* Its work for fa_cpu_team: a multiply-add per element of every part. */
+double fa_cpu_merge_flops(const fa_merge_problem *m);
 
 #endif /* FA_CPU_KVCACHE_H */

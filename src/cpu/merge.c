@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "kvcache.h"
+#include "team.h"
 #include "tile_math.h"
 
 static void merge_row(const fa_merge_problem *m, int64_t b, int64_t t, int64_t h) {
@@ -45,12 +46,16 @@ static void merge_row(const fa_merge_problem *m, int64_t b, int64_t t, int64_t h
     if (m->lse) m->lse[b * m->lse_sb + h * m->lse_sh + t * m->lse_st] = lse;
 }
 
+static void merge_item(void *arg, int64_t r) {
+    const fa_merge_problem *m = arg;
+    const int64_t h = r % m->heads, bt = r / m->heads;
+    merge_row(m, bt / m->seqlen, bt % m->seqlen, h);
+}
+
+double fa_cpu_merge_flops(const fa_merge_problem *m) {
+    return 2.0 * (double)(m->batch * m->seqlen * m->heads) * (double)m->n * (double)m->d;
+}
+
 void fa_cpu_merge(const fa_merge_problem *m, int threads) {
-    const int64_t rows = m->batch * m->seqlen * m->heads;
-    if (threads < 1) threads = 1;
-#pragma omp parallel for num_threads(threads) if (rows * m->n * m->d > 65536)
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t h = r % m->heads, bt = r / m->heads;
-        merge_row(m, bt / m->seqlen, bt % m->seqlen, h);
-    }
+    fa_cpu_for(threads, m->batch * m->seqlen * m->heads, merge_item, (void *)m);
 }

@@ -423,6 +423,23 @@ FA_TM_INLINE void fa_tm_gemm(int m, int n, int kdim, const float *a, ptrdiff_t a
     fa_tm_gemm_x(1, m, n, kdim, a, ars, aks, b, ldb, c, ldc, NULL);
 }
 
+/* C += A B for any m: no padding rows (fa_tm_gemm's m is a multiple of 4), the last 1 to 3
+   rows a block of their own; for the decode kernel, whose rows are a GQA group of any size. */
+FA_TM_INLINE void fa_tm_gemm_exact(int m, int n, int kdim, const float *a, ptrdiff_t ars,
+                                   ptrdiff_t aks, const float *b, ptrdiff_t ldb, float *c,
+                                   ptrdiff_t ldc) {
+    const int m4 = m & ~3;
+    if (m4) fa_tm_gemm_x(1, m4, n, kdim, a, ars, aks, b, ldb, c, ldc, NULL);
+    a += m4 * ars;
+    c += m4 * ldc;
+    switch (m - m4) {
+    case 3: fa_tm_gemm_rows(3, 1, n, kdim, a, ars, aks, b, ldb, c, ldc, NULL); break;
+    case 2: fa_tm_gemm_rows(2, 1, n, kdim, a, ars, aks, b, ldb, c, ldc, NULL); break;
+    case 1: fa_tm_gemm_rows(1, 1, n, kdim, a, ars, aks, b, ldb, c, ldc, NULL); break;
+    default: break;
+    }
+}
+
 /* C = A B */
 FA_TM_INLINE void fa_tm_gemm_set(int m, int n, int kdim, const float *a, ptrdiff_t ars,
                                  ptrdiff_t aks, const float *b, ptrdiff_t ldb, float *c,
