@@ -49,7 +49,8 @@ fa_status fa_dropout_mask(fa_context *ctx, uint64_t seed, uint64_t offset, float
         for (int64_t i = 0; i < seqlen_q; i++) {
             uint8_t *row = mask_out + (w * (uint64_t)seqlen_q + (uint64_t)i) * (uint64_t)seqlen_k;
             for (int64_t j = 0; j < seqlen_k; j += 4) {
-                const fa_philox4 r = fa_drop_block(&d, (uint32_t)w, (uint32_t)i, (uint32_t)(j >> 2));
+                const fa_philox4 r =
+                    fa_drop_block(&d, (uint32_t)w, (uint32_t)i, (uint32_t)(j >> 2));
                 for (int e = 0; e < 4 && j + e < seqlen_k; e++)
                     row[j + e] = r.v[e] >= d.threshold;
             }

@@ -18,7 +18,9 @@
 #include "dropout.h"
 #include "sweep.h"
 
-#define DROP(P, S) .dropout_p = (P), .dropout_seed = (S), .dropout_offset = ((uint64_t)(S) << 33) + 7
+/* an offset with both words set: the high one goes into the key, the low one the counter */
+#define DROP(P, S)                                                                            \
+    .dropout_p = (P), .dropout_seed = (S), .dropout_offset = ((uint64_t)(S) << 33) + 7
 
 static const tk_case cases[] = {
     {.batch = 2, .sq = 113, .sk = 113, .hq = 4, .hkv = 4, .d = 64, .dtype = FA_DTYPE_F32,
