@@ -235,7 +235,9 @@ typedef struct fa_params {
        generator keyed by dropout_seed and started at dropout_offset, so the backward given the
        same three values regenerates the forward's mask instead of storing it. 0 (the default)
        disables; must be in [0, 1) (FA_ERR_INVALID_ARGUMENT otherwise). LSE stays that of the
-       softmax without dropout. */
+       softmax without dropout. The mask rule is fa_dropout_mask's (below); the CPU backend
+       implements it, the CUDA backend refuses dropout_p > 0 (FA_ERR_UNSUPPORTED) until its
+       kernels do. */
     uint64_t dropout_seed;
     uint64_t dropout_offset;
     float dropout_p;
@@ -609,6 +611,33 @@ FA_API fa_status fa_fwd_kvcache_workspace_size(fa_context *ctx, const fa_tensor 
  */
 FA_API fa_status fa_merge_attn(fa_context *ctx, int n, const fa_tensor *out_parts,
                                const fa_tensor *lse_parts, fa_tensor *out, fa_tensor *lse);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Dropout's mask                                                                             */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * The keep mask that fa_fwd and fa_bwd apply with dropout_seed = seed, dropout_offset =
+ * offset and dropout_p = p, for a problem of batch entries of heads query heads, seqlen_q
+ * queries and seqlen_k keys: mask_out[((b * heads + h) * seqlen_q + i) * seqlen_k + j] is 1
+ * where element (b, h, i, j) is kept (the kernels scale it by 1 / (1 - p)) and 0 where it is
+ * dropped; whether a mask hides the element does not enter. i and j count within sequence b
+ * (varlen: positions in the sequence), so a varlen call's mask of sequence b is the top-left
+ * corner of its (b, h) block here. A debugging aid (a reference with the same mask, a test),
+ * computed on the host whatever ctx's backend: batch * heads * seqlen_q * seqlen_k bytes.
+ * The rule, exactly (Philox4x32-10; the same on every backend, tile shape, thread count and
+ * instruction set):
+ *   key = (lo32(seed), hi32(seed) ^ hi32(offset)),  counter = (j / 4, i, b * heads + h,
+ *   lo32(offset)),  r = output (j % 4) of Philox4x32-10(counter, key),
+ *   kept when r >= floor(p * 2^32)   (fp32 p, the product exact in double).
+ * Returns FA_OK, FA_ERR_NULL_POINTER (ctx or mask_out), FA_ERR_INVALID_ARGUMENT (p outside
+ * [0, 1)), FA_ERR_SHAPE (a size < 0), FA_ERR_OVERFLOW (the mask's size, batch * heads or
+ * seqlen_q at 2^32 or more, seqlen_k at 2^34 or more); nothing is written on error.
+ * fa_fwd and fa_bwd refuse dropout beyond those bounds (FA_ERR_UNSUPPORTED).
+ */
+FA_API fa_status fa_dropout_mask(fa_context *ctx, uint64_t seed, uint64_t offset, float p,
+                                 int64_t batch, int64_t heads, int64_t seqlen_q,
+                                 int64_t seqlen_k, uint8_t *mask_out);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Introspection                                                                              */

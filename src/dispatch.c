@@ -344,10 +344,17 @@ fa_status fa_check_options(fa_call *c, fa_problem *pr) {
         return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT,
                        "%s: dropout_p = %g, must be in [0, 1) (0: off)", c->fn,
                        (double)p->dropout_p);
-    if (p->dropout_p > 0)
+    /* dropout.h's counter holds b * heads_q + h, a query row and a key column / 4 in 32 bits */
+    if (p->dropout_p > 0 && (pr->batch * pr->heads_q > UINT32_MAX ||
+                             (pr->seqlen_q > 0 ? pr->seqlen_q : pr->total_q) > UINT32_MAX ||
+                             (pr->seqlen_k > 0 ? pr->seqlen_k : pr->total_k) >> 34))
         return fa_fail(c->ctx, FA_ERR_UNSUPPORTED,
-                       "%s: dropout_p = %g: dropout is not implemented yet", c->fn,
-                       (double)p->dropout_p);
+                       "%s: dropout needs batch * heads_q and seqlen_q below 2^32, seqlen_k "
+                       "below 2^34",
+                       c->fn);
+    pr->drop_p = p->dropout_p;
+    pr->drop_seed = p->dropout_seed;
+    pr->drop_offset = p->dropout_offset;
     if (p->q_descale || p->k_descale || p->v_descale || p->descale_batch_stride)
         return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT,
                        "%s: q/k/v_descale apply to FA_DTYPE_F8_E4M3 inputs only", c->fn);

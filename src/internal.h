@@ -51,6 +51,10 @@ typedef struct fa_problem {
     int64_t alibi_sb;
     int causal;               /* informational: the caller asked for causal */
     int deterministic;
+    /* Dropout on P (fa_fwd, fa_bwd): drop_p 0 is off; the mask rule is dropout.h's, keyed by
+       drop_seed and drop_offset as fa_params gave them. */
+    float drop_p;
+    uint64_t drop_seed, drop_offset;
 
     /*
      * fa_fwd_kvcache only (kv_seqlens NULL otherwise). k and v are then the cache: for a

@@ -225,6 +225,11 @@ static fa_status validate_kv(fa_call *c, const fa_kvcache *cache, const fa_tenso
         pr->lse_st = l->stride[2];
     }
     FA_TRY(fa_check_options(c, pr));
+    /* decoding is inference: no kernel of this entry regenerates a mask for a backward */
+    if (pr->drop_p > 0)
+        return fa_fail(ctx, FA_ERR_UNSUPPORTED,
+                       "%s: dropout_p = %g: fa_fwd_kvcache has no dropout (inference only); "
+                       "set dropout_p = 0", c->fn, (double)pr->drop_p);
     if (q->device == FA_DEVICE_CPU) FA_TRY(check_cache_contents(c, cache, pr));
 
     if (!c->query_only) {

@@ -144,6 +144,9 @@ typedef struct tk_case {
     int strided;              /* 1: non-contiguous q, k, v, o, lse (and grads) */
     int bwd;                  /* 1: also check dq, dk, dv */
     int deterministic;        /* fa_params.deterministic (the CUDA backward's dQ without atomics) */
+    float dropout_p;          /* fa_params.dropout_p: kernel, reference and baseline all drop */
+    uint64_t dropout_seed;    /* with dropout_offset, fa_params' (one mask for the three) */
+    uint64_t dropout_offset;
 } tk_case;
 
 /* ALiBi slopes for a case (TK_ALIBI_HEAD or TK_ALIBI_BATCH): malloc'd, *len values, rows

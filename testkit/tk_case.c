@@ -140,6 +140,9 @@ void tk_case_format(const tk_case *c, char *buf, size_t len) {
     if (c->strided) PUT(" strided");
     if (c->bwd) PUT(" +bwd");
     if (c->deterministic) PUT(" det");
+    if (c->dropout_p > 0)
+        PUT(" dropout%g(seed %llu, offset %llu)", (double)c->dropout_p,
+            (unsigned long long)c->dropout_seed, (unsigned long long)c->dropout_offset);
 #undef PUT
     snprintf(buf, len, "%s", tmp);
 }
@@ -199,6 +202,9 @@ static int problem_init(problem *pb, const tk_case *c, tk_rng *r, char *err, siz
     }
     p->softcap = c->softcap;
     p->deterministic = c->deterministic;
+    p->dropout_p = c->dropout_p;
+    p->dropout_seed = c->dropout_seed;
+    p->dropout_offset = c->dropout_offset;
     if (c->varlen) {
         int64_t mq = 0, mk = 0;
         for (int b = 0; b < c->batch; b++) {

@@ -211,6 +211,7 @@ MUT(out_overlaps_seqlens, a->o.data = region(R_SEQ))
 MUT(cache_overlaps_bt, a->cache.k.data = region(R_BT))
 MUT(scale_nan, a->prm.softmax_scale = NAN)
 MUT(softcap_negative, a->prm.softcap = -1.0f)
+MUT(dropout_on, a->prm.dropout_p = 0.1f)
 MUT(window_below, a->prm.window_left = -2)
 MUT(causal_window_right, a->prm.causal = 1; a->prm.window_right = 3)
 MUT(alibi_stride_short, a->prm.alibi_slopes = a->slopes; a->prm.alibi_batch_stride = HQ - 1)
@@ -315,6 +316,7 @@ static const bad bads[] = {
     CALL("kv: appended cache overlaps block_table", cache_overlaps_bt, FA_ERR_INVALID_ARGUMENT),
     KV("kv: scale NaN", scale_nan, FA_ERR_INVALID_ARGUMENT),
     KV("kv: softcap -1", softcap_negative, FA_ERR_INVALID_ARGUMENT),
+    KV("kv: dropout 0.1 (inference only)", dropout_on, FA_ERR_UNSUPPORTED),
     KV("kv: window_left -2", window_below, FA_ERR_INVALID_ARGUMENT),
     KV("kv: causal with window_right 3", causal_window_right, FA_ERR_INVALID_ARGUMENT),
     KV("kv: alibi_batch_stride < heads_q", alibi_stride_short, FA_ERR_INVALID_ARGUMENT),

@@ -23,6 +23,7 @@ typedef struct gcase {
     int alibi; /* TK_ALIBI_* */
     int varlen;
     int32_t lq[2], lk[2];
+    float dropout; /* dropout_p: the mask is fixed by the seed, so the loss stays smooth */
 } gcase;
 
 static const gcase cases[] = {
@@ -40,6 +41,10 @@ static const gcase cases[] = {
     {.name = "mqa4-everything", .b = 1, .sq = 5, .sk = 6, .hq = 4, .hkv = 1, .d = 5,
      .causal = 1, .window = 1, .wl = 2, .wr = -1, .softcap = 0.8f, .alibi = TK_ALIBI_HEAD,
      .scale = 0.9f},
+    {.name = "dropout-causal-gqa", .b = 2, .sq = 4, .sk = 6, .hq = 4, .hkv = 2, .d = 3,
+     .causal = 1, .dropout = 0.5f},
+    {.name = "dropout-varlen-softcap", .b = 2, .hq = 2, .hkv = 1, .d = 4, .varlen = 1,
+     .lq = {3, 5}, .lk = {6, 4}, .softcap = 1.0f, .alibi = TK_ALIBI_HEAD, .dropout = 0.3f},
 };
 
 typedef struct gset {
@@ -66,6 +71,9 @@ static void gprob_init(gprob *g, const gcase *c) {
     }
     g->p.softcap = c->softcap;
     g->p.softmax_scale = c->scale;
+    g->p.dropout_p = c->dropout;
+    g->p.dropout_seed = 0x9E3779B97F4A7C15ull; /* fixed: every forward of the loss, one mask */
+    g->p.dropout_offset = 3;
     if (c->alibi) {
         for (int i = 0; i < 16; i++) g->slopes[i] = 0.3f + 0.17f * (float)i;
         g->p.alibi_slopes = g->slopes;

@@ -13,6 +13,7 @@ import numpy as _np
 from ._context import (FlashAttnArgumentError, FlashAttnError, Selection, check, get_options,
                        last_selection, set_options)
 from ._core import attention_backward, attention_forward
+from ._dropout import dropout_mask
 from ._kvcache import merge_attn
 from ._lib import LibraryNotFound, library_path
 from ._native import binding, binding_reason
@@ -32,7 +33,7 @@ __all__ = [
     "flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
     "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func",
     "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache",
-    "attention_forward", "attention_backward", "merge_attn",
+    "attention_forward", "attention_backward", "merge_attn", "dropout_mask",
     "FlashAttnError", "FlashAttnArgumentError", "LibraryNotFound",
     "Selection", "last_selection", "set_options", "get_options",
     "library_path", "library_version", "has_cuda", "cpu_features", "kernel_names",

@@ -21,6 +21,10 @@ _OPTION_DOC = """
     alibi_slopes   fp32 (nheads,) or (batch, nheads): adds -slope * |i + sk - sq - j|
     cu_seqlens_q/k int32 (batch + 1,) prefix sums: varlen mode, tensors are (total, heads, d)
     max_seqlen_q/k bounds on the lengths (None or 0: computed by the library on the CPU)
+    dropout        None, or (dropout_p, seed, offset): each probability kept with probability
+                   1 - dropout_p and scaled by 1 / (1 - dropout_p), the mask a function of seed,
+                   offset and the element (dropout_mask returns it); pass the forward's triple
+                   to the backward. The CPU backend only (CUDA: FlashAttnError, not built yet)
 """
 
 
@@ -28,11 +32,11 @@ class Options:
     """Resolved options of one attention call, shared by its forward and backward."""
 
     __slots__ = ("softmax_scale", "causal", "window", "softcap", "alibi_slopes", "cu_seqlens_q",
-                 "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "deterministic")
+                 "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "deterministic", "dropout")
 
     def __init__(self, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                  alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                 max_seqlen_k=None, deterministic=False):
+                 max_seqlen_k=None, deterministic=False, dropout=None):
         if softmax_scale is not None:
             softmax_scale = float(softmax_scale)
             if softmax_scale == 0.0:
@@ -60,6 +64,8 @@ class Options:
         self.max_seqlen_q = 0 if max_seqlen_q is None else _lib.c_int(max_seqlen_q, "max_seqlen_q")
         self.max_seqlen_k = 0 if max_seqlen_k is None else _lib.c_int(max_seqlen_k, "max_seqlen_k")
         self.deterministic = bool(deterministic)
+        # None, or (p, seed, offset) resolved once: the backward reuses them (same mask)
+        self.dropout = _dropout_triple(dropout)
 
     def ext_scalars(self):
         """softmax_scale, causal, window_size, softcap: the extension's scalar arguments."""
@@ -71,6 +77,24 @@ class Options:
 
     def scale_for(self, head_dim):
         return self.softmax_scale if self.softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+
+
+def _dropout_triple(dropout):
+    """None, or (dropout_p, seed, offset) with p a float32 in (0, 1) and uint64 seed and offset;
+    p = 0 is None (off)."""
+    if dropout is None:
+        return None
+    p, seed, offset = dropout
+    p = _lib.c_float(p, "dropout_p")
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout_p = {p}, must be in [0, 1)")
+    if p == 0.0:
+        return None
+    seed, offset = int(seed), int(offset)
+    for name, x in (("dropout seed", seed), ("dropout offset", offset)):
+        if not 0 <= x < 1 << 64:
+            raise ValueError(f"{name} = {x}, must be in [0, 2^64)")
+    return (p, seed, offset)
 
 
 def _require(fn, **arrays):
@@ -134,6 +158,8 @@ class _Bound:
         p.window_left, p.window_right = opts.window
         p.softcap = opts.softcap
         p.deterministic = int(opts.deterministic and backward)
+        if opts.dropout is not None:
+            p.dropout_p, p.dropout_seed, p.dropout_offset = opts.dropout
         alibi, cq, ck, self.batch, alibi_stride = aux_arrays(ops, opts, q)
         self.keep = [x for x in (alibi, cq, ck) if x is not None]
         if opts.varlen:
@@ -177,7 +203,7 @@ def _ctx_for(ops, q):
 def attention_forward(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1),
                       softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None,
                       max_seqlen_q=None, max_seqlen_k=None, out=None, softmax_lse=None,
-                      return_lse=True, _opts=None):
+                      return_lse=True, dropout=None, _opts=None):
     """Attention forward through fa_fwd, on numpy arrays or torch tensors (no autograd).
 
     q (batch, seqlen_q, nheads, d), k/v (batch, seqlen_k, nheads_k, d); varlen: (total, heads, d).
@@ -187,12 +213,13 @@ def attention_forward(q, k, v, softmax_scale=None, causal=False, window_size=(-1
     """
     _require("attention_forward", q=q, k=k, v=v)
     opts = _opts or Options(softmax_scale, causal, window_size, softcap, alibi_slopes,
-                            cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+                            cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                            dropout=dropout)
     ext = _native.ext
     if ext is not None:
         r = ext.fwd(q, k, v, out, softmax_lse, return_lse, *opts.ext_scalars(), opts.alibi_slopes,
                     opts.cu_seqlens_q, opts.cu_seqlens_k, opts.max_seqlen_q, opts.max_seqlen_k,
-                    False)
+                    False, opts.dropout)
         if r is not NotImplemented:
             return r
     ops = ops_for(q, k, v, out, softmax_lse)
@@ -204,7 +231,7 @@ def attention_forward(q, k, v, softmax_scale=None, causal=False, window_size=(-1
                 ops.view(x)  # raises for outputs the library cannot write
         alibi, cq, ck, _, _ = aux_arrays(ops, opts, q)
         r = ext.fwd(q, k, v, out, softmax_lse, return_lse, *opts.ext_scalars(), alibi, cq, ck,
-                    opts.max_seqlen_q, opts.max_seqlen_k, False)
+                    opts.max_seqlen_q, opts.max_seqlen_k, False, opts.dropout)
         if r is NotImplemented:
             raise _declined("fwd")
         return r
@@ -235,7 +262,8 @@ def attention_forward(q, k, v, softmax_scale=None, causal=False, window_size=(-1
 def attention_backward(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=False,
                        window_size=(-1, -1), softcap=0.0, alibi_slopes=None, cu_seqlens_q=None,
                        cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-                       deterministic=False, dq=None, dk=None, dv=None, _opts=None):
+                       deterministic=False, dq=None, dk=None, dv=None, dropout=None,
+                       _opts=None):
     """Attention backward through fa_bwd: the gradients of out with respect to q, k, v.
 
     Takes the forward's q, k, v, its out and softmax_lse, the upstream gradient dout (like out),
@@ -245,12 +273,13 @@ def attention_backward(dout, q, k, v, out, softmax_lse, softmax_scale=None, caus
     """
     _require("attention_backward", dout=dout, q=q, k=k, v=v, out=out, softmax_lse=softmax_lse)
     opts = _opts or Options(softmax_scale, causal, window_size, softcap, alibi_slopes,
-                            cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, deterministic)
+                            cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, deterministic,
+                            dropout)
     ext = _native.ext
     if ext is not None:
         r = ext.bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, *opts.ext_scalars(),
                     opts.alibi_slopes, opts.cu_seqlens_q, opts.cu_seqlens_k, opts.max_seqlen_q,
-                    opts.max_seqlen_k, opts.deterministic)
+                    opts.max_seqlen_k, opts.deterministic, opts.dropout)
         if r is not NotImplemented:
             return r
     ops = ops_for(dout, q, k, v, out, softmax_lse, dq, dk, dv)
@@ -263,7 +292,7 @@ def attention_backward(dout, q, k, v, out, softmax_lse, softmax_scale=None, caus
                 ops.view(x)
         alibi, cq, ck, _, _ = aux_arrays(ops, opts, q)
         r = ext.bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, *opts.ext_scalars(), alibi, cq,
-                    ck, opts.max_seqlen_q, opts.max_seqlen_k, opts.deterministic)
+                    ck, opts.max_seqlen_q, opts.max_seqlen_k, opts.deterministic, opts.dropout)
         if r is NotImplemented:
             raise _declined("bwd")
         return r

@@ -196,11 +196,14 @@ _PROTOTYPES = {
     "fa_has_cuda": (ctypes.c_int, []),
     "fa_kernel_count": (ctypes.c_int, []),
     "fa_kernel_name": (ctypes.c_char_p, [ctypes.c_int]),
+    "fa_dropout_mask": (ctypes.c_int, [_vp, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_float,
+                                       ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                       ctypes.c_int64, _vp]),
 }
 
 # Entry points a library built before the KV-cache API lacks: such a library still loads, and
 # only the functions that need them fail (require() says which symbol is missing).
-_OPTIONAL = frozenset({"fa_fwd_kvcache", "fa_fwd_kvcache_workspace_size", "fa_merge_attn",
+_OPTIONAL = frozenset({"fa_dropout_mask", "fa_fwd_kvcache", "fa_fwd_kvcache_workspace_size", "fa_merge_attn",
                        "fa_context_set_device_checks", "fa_context_check"})
 
 _LIB_NAMES = ("libflashattn.so", "libflashattn.dylib", "flashattn.dll")

@@ -5,9 +5,18 @@ replaces `from flash_attn import flash_attn_func`. They take torch tensors (CPU 
 autograd) and numpy arrays (CPU, forward only; see attention_backward for gradients).
 
 Differences from flash_attn, all explicit:
-  - dropout_p > 0 raises NotImplementedError (the library has no dropout).
-  - return_attn_probs=True returns (out, softmax_lse, None): with dropout_p = 0 flash_attn
-    returns no probabilities either (its S_dmask is only produced with dropout).
+  - dropout_p > 0 runs on the CPU backend (the GPU's dropout kernels are not built yet:
+    FlashAttnError). Each call draws its mask's seed from a generator (_dropout.py): torch's
+    default generator for torch tensors (torch.manual_seed makes it repeatable), numpy's for
+    numpy arrays, or the keyword-only generator= (a torch.Generator, a numpy Generator, or an
+    int seed); autograd keeps the seed for the backward, which regenerates the same mask.
+  - return_attn_probs=True returns (out, softmax_lse, S): S is None without dropout (as
+    flash_attn, whose S_dmask exists only with dropout); with dropout S is the keep mask,
+    uint8 (batch, nheads, seqlen_q, seqlen_k) [varlen: max_seqlen_q, max_seqlen_k, sequence b
+    in the top-left corner of its block], 1 kept (scaled by 1 / (1 - dropout_p)), 0 dropped,
+    as a tensor on the CPU for torch inputs, else a numpy array. flash_attn's S_dmask carries
+    the probabilities too, with the sign as the mask; here the probabilities are
+    exp(scores - softmax_lse).
   - A row that sees no key gets out = 0 and softmax_lse = -inf (flash_attn leaves its LSE
     unspecified / +inf for an empty key set).
   - flash_attn_varlen_func(block_table=...) raises NotImplementedError (the library's paged
@@ -24,7 +33,7 @@ traces a function, it calls the torch.library ops of _torch_ops instead.
 
 import sys
 
-from . import _autograd, _core, _kvcache, _native, _tensors
+from . import _autograd, _core, _dropout, _kvcache, _native, _tensors
 
 __all__ = [
     "flash_attn_func",
@@ -35,13 +44,6 @@ __all__ = [
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_with_kvcache",
 ]
-
-
-def _check_dropout(dropout_p):
-    if dropout_p:
-        raise NotImplementedError(
-            f"dropout_p = {dropout_p}: flashattn has no attention dropout; pass dropout_p=0.0 "
-            f"(e.g. dropout_p=0.0 in training too, or apply dropout elsewhere)")
 
 
 def _check_packed(name, t, nd, n):
@@ -58,25 +60,52 @@ def _tracing():
     return torch is not None and torch.compiler.is_compiling()
 
 
+def _mask_of(opts, q, k, torch_out):
+    """The keep mask that return_attn_probs returns with dropout (see the top)."""
+    if opts.varlen:
+        cq = [int(x) for x in _tensors.ops_for(q).to_host_list(opts.cu_seqlens_q)]
+        ck = [int(x) for x in _tensors.ops_for(q).to_host_list(opts.cu_seqlens_k)]
+        batch = len(cq) - 1
+        sq = max(b - a for a, b in zip(cq, cq[1:]))
+        sk = max(b - a for a, b in zip(ck, ck[1:]))
+    else:
+        batch, sq, sk = q.shape[0], q.shape[1], k.shape[1]
+    p, seed, offset = opts.dropout
+    m = _dropout.dropout_mask(seed, offset, p, batch, q.shape[-2], sq, sk)
+    if torch_out:
+        return _tensors._import_torch().from_numpy(m)
+    return m
+
+
 def _run(layout, tensors, opts, return_attn_probs):
     if _tracing():
+        if opts.dropout is not None:
+            raise NotImplementedError("dropout_p > 0 under torch.compile / torch.export is not "
+                                      "supported yet; call the function eagerly")
         from . import _torch_ops
         q, k, v = _autograd.unpack(layout, tensors)
         res = _torch_ops.attention(q, k, v, opts, return_attn_probs)
         return (res[0], res[1], None) if return_attn_probs else res
     ops = _tensors.ops_for(*tensors)
-    if ops is _tensors.TorchOps:
-        res = _autograd.function().apply(layout, opts, bool(return_attn_probs), *tensors)
-        return (res[0], res[1], None) if return_attn_probs else res
     q, k, v = _autograd.unpack(layout, tensors)
-    out, lse = _core.attention_forward(q, k, v, return_lse=bool(return_attn_probs), _opts=opts)
-    return (out, lse, None) if return_attn_probs else out
+    torch_out = ops is _tensors.TorchOps
+    if torch_out:
+        res = _autograd.function().apply(layout, opts, bool(return_attn_probs), *tensors)
+        out, lse = (res[0], res[1]) if return_attn_probs else (res, None)
+    else:
+        out, lse = _core.attention_forward(q, k, v, return_lse=bool(return_attn_probs),
+                                           _opts=opts)
+    if not return_attn_probs:
+        return out
+    s = _mask_of(opts, q, k, torch_out) if opts.dropout is not None else None
+    return out, lse, s
 
 
 _RETURNS = """
 
     Returns out (batch, seqlen_q, nheads, headdim) [varlen: (total_q, nheads, headdim)], or with
-    return_attn_probs=True the tuple (out, softmax_lse, None): softmax_lse fp32
+    return_attn_probs=True the tuple (out, softmax_lse, S), S None without dropout and the
+    keep mask with it (see the top of flash_attn_interface): softmax_lse fp32
     (batch, nheads, seqlen_q) [varlen: (nheads, total_q)], the natural-log log-sum-exp of each
     row's scaled (capped, biased, masked) scores, -inf for a row that sees no key.
 """
@@ -84,49 +113,49 @@ _RETURNS = """
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                    return_attn_probs=False):
+                    return_attn_probs=False, *, generator=None):
     """Attention of q (batch, seqlen_q, nheads, headdim) over k, v
     (batch, seqlen_k, nheads_k, headdim); nheads a multiple of nheads_k (GQA/MQA)."""
     ext = _native.ext
     if ext is not None and not dropout_p and not return_attn_probs and not _tracing():
         r = ext.fwd(q, k, v, None, None, False, softmax_scale, causal, window_size, softcap,
-                    alibi_slopes, None, None, None, None, True)
+                    alibi_slopes, None, None, None, None, True, None)
         if r is not NotImplemented:
             return r[0]
-    _check_dropout(dropout_p)
     opts = _core.Options(softmax_scale, causal, window_size, softcap, alibi_slopes,
-                         deterministic=deterministic)
+                         deterministic=deterministic,
+                         dropout=_dropout.draw(dropout_p, (q, k, v), generator))
     return _run("q,k,v", (q, k, v), opts, return_attn_probs)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
                               window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                              deterministic=False, return_attn_probs=False):
+                              deterministic=False, return_attn_probs=False, *, generator=None):
     """Self-attention of packed qkv (batch, seqlen, 3, nheads, headdim). The gradient comes back
     packed (one dqkv), with no concatenation."""
-    _check_dropout(dropout_p)
     _check_packed("qkv", qkv, 5, 3)
     opts = _core.Options(softmax_scale, causal, window_size, softcap, alibi_slopes,
-                         deterministic=deterministic)
+                         deterministic=deterministic,
+                         dropout=_dropout.draw(dropout_p, (qkv,), generator))
     return _run("qkv", (qkv,), opts, return_attn_probs)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                             deterministic=False, return_attn_probs=False):
+                             deterministic=False, return_attn_probs=False, *, generator=None):
     """Attention of q (batch, seqlen_q, nheads, headdim) over packed kv
     (batch, seqlen_k, 2, nheads_k, headdim)."""
-    _check_dropout(dropout_p)
     _check_packed("kv", kv, 5, 2)
     opts = _core.Options(softmax_scale, causal, window_size, softcap, alibi_slopes,
-                         deterministic=deterministic)
+                         deterministic=deterministic,
+                         dropout=_dropout.draw(dropout_p, (q, kv), generator))
     return _run("q,kv", (q, kv), opts, return_attn_probs)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                            softcap=0.0, alibi_slopes=None, deterministic=False,
-                           return_attn_probs=False, block_table=None):
+                           return_attn_probs=False, block_table=None, *, generator=None):
     """Variable-length attention: q (total_q, nheads, headdim), k, v (total_k, nheads_k,
     headdim), sequence b being rows cu_seqlens[b]..cu_seqlens[b+1]-1 (int32 prefix sums,
     batch + 1 values; empty sequences allowed). Masks align each sequence's own corner."""
@@ -134,10 +163,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if (ext is not None and not dropout_p and not return_attn_probs and block_table is None
             and not _tracing()):
         r = ext.fwd(q, k, v, None, None, False, softmax_scale, causal, window_size, softcap,
-                    alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, True)
+                    alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, True,
+                    None)
         if r is not NotImplemented:
             return r[0]
-    _check_dropout(dropout_p)
     if block_table is not None:
         raise NotImplementedError(
             "flash_attn_varlen_func(block_table=...): the library's paged KV cache "
@@ -145,19 +174,20 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             "flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=..., block_table=...) "
             "with q padded to one seqlen_q")
     opts = _core.Options(softmax_scale, causal, window_size, softcap, alibi_slopes,
-                         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, deterministic)
+                         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, deterministic,
+                         _dropout.draw(dropout_p, (q, k, v), generator))
     return _run("q,k,v", (q, k, v), opts, return_attn_probs)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      softmax_scale=None, causal=False, window_size=(-1, -1),
                                      softcap=0.0, alibi_slopes=None, deterministic=False,
-                                     return_attn_probs=False):
+                                     return_attn_probs=False, *, generator=None):
     """Variable-length self-attention of packed qkv (total, 3, nheads, headdim)."""
-    _check_dropout(dropout_p)
     _check_packed("qkv", qkv, 4, 3)
     opts = _core.Options(softmax_scale, causal, window_size, softcap, alibi_slopes,
-                         cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, deterministic)
+                         cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, deterministic,
+                         _dropout.draw(dropout_p, (qkv,), generator))
     return _run("qkv", (qkv,), opts, return_attn_probs)
 
 
@@ -165,13 +195,13 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                                     max_seqlen_k, dropout_p=0.0, softmax_scale=None,
                                     causal=False, window_size=(-1, -1), softcap=0.0,
                                     alibi_slopes=None, deterministic=False,
-                                    return_attn_probs=False):
+                                    return_attn_probs=False, *, generator=None):
     """Variable-length attention of q (total_q, nheads, headdim) over packed kv
     (total_k, 2, nheads_k, headdim)."""
-    _check_dropout(dropout_p)
     _check_packed("kv", kv, 4, 2)
     opts = _core.Options(softmax_scale, causal, window_size, softcap, alibi_slopes,
-                         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, deterministic)
+                         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, deterministic,
+                         _dropout.draw(dropout_p, (q, kv), generator))
     return _run("q,kv", (q, kv), opts, return_attn_probs)
 
 

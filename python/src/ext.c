@@ -332,13 +332,34 @@ static PyObject *result(int r, ext_call *call, int n) {
         return NULL;                                                                          \
     }
 
+/* dropout: None (off) or (dropout_p, seed, offset), the Python layer having drawn seed and
+   offset; fa_params' three fields (the library checks p). */
+static int read_dropout(PyObject *d, fa_params *p) {
+    if (d == Py_None) return 0;
+    if (!PyTuple_Check(d) || PyTuple_GET_SIZE(d) != 3) {
+        PyErr_Format(PyExc_TypeError, "dropout = %R, expected None or (p, seed, offset)", d);
+        return -1;
+    }
+    const double dp = PyFloat_AsDouble(PyTuple_GET_ITEM(d, 0));
+    if (dp == -1.0 && PyErr_Occurred()) return -1;
+    const unsigned long long seed = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(d, 1));
+    if (seed == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    const unsigned long long off = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(d, 2));
+    if (off == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    p->dropout_p = (float)dp;
+    p->dropout_seed = seed;
+    p->dropout_offset = off;
+    return 0;
+}
+
 /* fwd(q, k, v, out, lse, want_lse, softmax_scale, causal, window_size, softcap,
-       alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, grad_check)
+       alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, grad_check,
+       dropout)
    -> (out, lse or None), or NotImplemented. With grad_check, NotImplemented also when torch
    would record the call for autograd (grad mode on, an input requiring grad). */
 static PyObject *ext_fwd(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     (void)self;
-    NARGS("fwd", 16);
+    NARGS("fwd", 17);
     ext_call call;
     ext_call_init(&call);
     fa_params p;
@@ -348,7 +369,7 @@ static PyObject *ext_fwd(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     int want_lse, r;
     if ((r = ext_kind_of(&call, a, 3))) goto done;
     if (call.kind == EXT_TORCH && PyObject_IsTrue(a[15]) && (r = ext_needs_grad(a, 3))) goto done;
-    if (read_options(a + 6, &p)) goto fail;
+    if (read_options(a + 6, &p) || read_dropout(a[16], &p)) goto fail;
     if ((r = ext_input(&call, a[0], "q", nd, 1, &q)) ||
         (r = ext_input(&call, a[1], "k", nd, 1, &k)) ||
         (r = ext_input(&call, a[2], "v", nd, 1, &v)))
@@ -380,11 +401,12 @@ done:
 }
 
 /* bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, window_size, softcap,
-       alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, deterministic)
+       alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, deterministic,
+       dropout)
    -> (dq, dk, dv), or NotImplemented. */
 static PyObject *ext_bwd(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     (void)self;
-    NARGS("bwd", 19);
+    NARGS("bwd", 20);
     ext_call call;
     ext_call_init(&call);
     fa_params p;
@@ -393,7 +415,7 @@ static PyObject *ext_bwd(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     const int nd = varlen ? 3 : 4;
     int r, det;
     if ((r = ext_kind_of(&call, a, 6))) goto done;
-    if (read_options(a + 9, &p)) goto fail;
+    if (read_options(a + 9, &p) || read_dropout(a[19], &p)) goto fail;
     if ((det = PyObject_IsTrue(a[18])) < 0) goto fail;
     p.deterministic = det;
     if ((r = ext_input(&call, a[0], "dout", nd, 1, &dout)) ||

@@ -53,7 +53,7 @@ def test_fast_path_declines_to_the_general_path(rng):
     slopes = np.linspace(0.1, 0.8, 4).astype(np.float32)
     ref = flashattn.flash_attn_func(q, k, v, alibi_slopes=slopes)
     assert _native.ext.fwd(q, k, v, None, None, False, None, False, (-1, -1), 0.0,
-                           slopes.tolist(), None, None, None, None, True) is NotImplemented
+                           slopes.tolist(), None, None, None, None, True, None) is NotImplemented
     np.testing.assert_array_equal(flashattn.flash_attn_func(q, k, v, alibi_slopes=slopes.tolist()),
                                   ref)
     qb = q.astype(q.dtype.newbyteorder(">"))

@@ -33,10 +33,13 @@ def lib_error(status_name, fragment, fn, *args, **kw):
     (flashattn.flash_attn_varlen_qkvpacked_func, (arr(4, 3, 2, 8), [0, 4], 4)),
     (flashattn.flash_attn_varlen_kvpacked_func, (Q[0], arr(10, 2, 2, 16), [0, 8], [0, 10], 8, 10)),
 ])
-def test_dropout_not_implemented(fn, args):
-    with pytest.raises(NotImplementedError, match="dropout"):
-        fn(*args, dropout_p=0.1)
-    fn(*args, dropout_p=0.0)  # evaluation mode is fine
+def test_dropout_runs_and_is_checked(fn, args):
+    off = fn(*args, dropout_p=0.0)
+    on = fn(*args, dropout_p=0.5, generator=7)  # the CPU backend drops (test_dropout.py)
+    assert on.shape == off.shape and not np.array_equal(on, off)
+    np.testing.assert_array_equal(on, fn(*args, dropout_p=0.5, generator=7))
+    with pytest.raises(ValueError, match="dropout_p"):
+        fn(*args, dropout_p=1.0)
 
 
 def test_library_without_kvcache_entry_points(monkeypatch):

@@ -52,10 +52,11 @@ static int call_threads(const fa_context *ctx, const fa_problem *p, int bwd) {
 /* The naive references exist in two precisions (see fa_algo). */
 static const char *naive_name(char *buf, size_t len, const char *op, const fa_problem *p,
                               int plain) {
+    const char *drop = p->drop_p > 0 ? "_dropout" : "";
     if (plain)
-        snprintf(buf, len, "cpu_%s_plain_%s", op, fa_dtype_name(p->dtype));
+        snprintf(buf, len, "cpu_%s_plain_%s%s", op, fa_dtype_name(p->dtype), drop);
     else
-        snprintf(buf, len, "cpu_%s_naive_f64", op);
+        snprintf(buf, len, "cpu_%s_naive_f64%s", op, drop);
     return buf;
 }
 
@@ -291,11 +292,21 @@ static const char *level_name(char *buf, size_t len, const fa_cpu_isa_ops *isa,
     return buf;
 }
 
-/* cpu_<op>_<level>[_<method>]_<dtype>_<tile_q>x<tile_k>, e.g. cpu_fwd_avx512_f32_64x64 */
+/* cpu_<op>_<level>[_<method>]_<dtype>[_dropout]_<tile_q>x<tile_k>, e.g.
+   cpu_fwd_avx512_f32_64x64, cpu_bwd_avx512_bf16_dropout_64x64 */
 static const char *tiled_name(char *buf, size_t len, const char *op, const char *level,
-                              fa_dtype dt, fa_cpu_tiles t) {
-    snprintf(buf, len, "cpu_%s_%s_%s_%dx%d", op, level, fa_dtype_name(dt), t.tile_q, t.tile_k);
+                              const fa_problem *p, fa_cpu_tiles t) {
+    snprintf(buf, len, "cpu_%s_%s_%s%s_%dx%d", op, level, fa_dtype_name(p->dtype),
+             p->drop_p > 0 ? "_dropout" : "", t.tile_q, t.tile_k);
     return buf;
+}
+
+/* The reason of a level that handed dropout down (the amx kernels have none). */
+static void dropout_reason(fa_context *ctx, const fa_problem *p, const fa_cpu_isa_ops *active,
+                           const fa_cpu_isa_ops *isa, const char *op) {
+    if (p->drop_p > 0 && active != isa)
+        snprintf(ctx->sel.reason, sizeof ctx->sel.reason,
+                 "dropout: the %s %s has none, the %s one ran", active->name, op, isa->name);
 }
 
 static fa_status cpu_fwd(fa_context *ctx, const fa_problem *p, void *ws, size_t ws_bytes) {
@@ -322,7 +333,7 @@ static fa_status cpu_fwd(fa_context *ctx, const fa_problem *p, void *ws, size_t 
     char level[32];
     record(ctx, "fwd",
            tiled_name(name, sizeof name, "fwd", level_name(level, sizeof level, isa, p, 0),
-                      p->dtype, t),
+                      p, t),
            t, threads, isa->fwd_ws(p, threads));
     /* the one forward a level hands down on request, not for want of a kernel: say so */
     if (active != isa && active->fwd_method && p->dtype == FA_DTYPE_F32 &&
@@ -330,6 +341,7 @@ static fa_status cpu_fwd(fa_context *ctx, const fa_problem *p, void *ws, size_t 
         snprintf(ctx->sel.reason, sizeof ctx->sel.reason,
                  "FLASHATTN_CPU_F32_AMX=0: the %s fp32 %s (FMA) instead of the %s one",
                  isa->name, "forward", active->name);
+    dropout_reason(ctx, p, active, isa, "forward");
     return FA_OK;
 }
 
@@ -365,7 +377,7 @@ static fa_status cpu_bwd(fa_context *ctx, const fa_problem *p, void *ws, size_t 
     char level[32];
     record(ctx, "bwd",
            tiled_name(name, sizeof name, "bwd", level_name(level, sizeof level, isa, p, 1),
-                      p->dtype, t),
+                      p, t),
            t, threads, isa->bwd_ws(p, threads));
     fa_cpu_bwd_one_pass(p, threads, ctx->sel.reason, sizeof ctx->sel.reason);
     if (isa->bwd_method && isa->bwd_method(p) && ctx->sel.reason[0]) {
@@ -393,6 +405,7 @@ static fa_status cpu_bwd(fa_context *ctx, const fa_problem *p, void *ws, size_t 
         const int n = snprintf(r, len, "%s backward: one-pass only; ", active->name);
         if (n > 0 && (size_t)n < len) snprintf(r + n, len - (size_t)n, "%s", schedule);
     }
+    dropout_reason(ctx, p, active, isa, "backward");
     return FA_OK;
 }
 

@@ -681,7 +681,8 @@ static void amx_bwd_item(const fa_problem *p, int64_t b, int64_t hk, float *ws, 
 /* ---- entry points ---- */
 
 int fa_cpu_amx_bwd_takes(const fa_problem *p, int threads) {
-    if (p->d > 256) return 0;
+    /* no dropout here: the avx512 tiled backward regenerates dropout.h's mask */
+    if (p->d > 256 || p->drop_p > 0) return 0;
     if (p->dtype == FA_DTYPE_F32) /* every schedule (see the top), up to the dQ bound */
         return fa_cpu_f32_amx_enabled() && (threads <= 0 || fa_cpu_bwd_dq_fits(p));
     if (p->dtype != FA_DTYPE_BF16) return 0;

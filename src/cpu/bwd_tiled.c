@@ -20,10 +20,15 @@
  * fa_tm_needs_transform in tile_math.h describes), so P = exp(s - LSE) matches the forward's
  * rounding. With softcap the chain rule multiplies dS by 1 - tanh^2 (g), so
  * dK = scale sum_i dS g Q and dQ = scale sum_j dS g K, the scale applied when they are stored.
+ *
+ * Dropout (factors Z of dropout.h's mask, drop_tile.h, regenerated here: O = (P o Z) V): the
+ * gradient of P is Z o dO V^T, so dS = P o (Z o dP - D) with D = rowsum(dO o O) as without
+ * (sum_j P Z dP = dO . O), and dV = (P o Z)^T dO.
  */
 #include <math.h>
 #include <string.h>
 
+#include "drop_tile.h"
 #include "kernels.h"
 #include "team.h"
 #include "tile_math.h"
@@ -201,6 +206,7 @@ static void kv_item(const fa_problem *p, int64_t b, int64_t hk, int64_t g0, int 
     const int d = (int)p->d, dp = fa_tm_pad16(d);
     const int64_t bq = p->cu_q ? 0 : b, bk = p->cu_k ? 0 : b;
     const float cap = p->softcap;
+    float z[BK]; /* a row's dropout factors */
     kv_bufs B;
     kv_layout(d, ws, &B);
 
@@ -224,6 +230,8 @@ static void kv_item(const fa_problem *p, int64_t b, int64_t hk, int64_t g0, int 
     for (int64_t h = hk * p->group; h < (hk + 1) * p->group; h++) {
         const float slope = fa_alibi_slope(p, b, h);
         const float *dh = D + d_off(p, b, h, q0);
+        fa_dt drop;
+        const int dropout = fa_dt_init(&drop, p, b, h);
         for (int64_t i0 = ia; i0 < ib; i0 += BQ) {
             const int nq = ib - i0 < BQ ? (int)(ib - i0) : BQ, nq4 = fa_tm_pad4(nq);
             fa_tm_qrows_init(&rows, p, i0, nq, sq, sk);
@@ -267,6 +275,11 @@ static void kv_item(const fa_problem *p, int64_t b, int64_t hk, int64_t g0, int 
                     const float di = B.dd[i];
                     if (next) fa_tm_ahead_row(next, i);
                     fa_vexp_p_row(sr, sr, n, mul, B.lse[i]); /* P, as the forward's */
+                    if (dropout) { /* dP = Z o dO V^T */
+                        fa_drop_row(&drop.d, drop.bh, (uint32_t)(i0 + i), (g0 + s) * BK, n,
+                                    drop.scale, z);
+                        for (int j = 0; j < n; j++) ds[j] *= z[j];
+                    }
                     {
                         const fa_vf vdi = fa_vset1(di);
                         int j = 0;
@@ -278,6 +291,8 @@ static void kv_item(const fa_problem *p, int64_t b, int64_t hk, int64_t g0, int 
                         FA_TM_SIMD
                         for (int j = 0; j < n; j++) ds[j] *= g[j];
                     }
+                    if (dropout) /* dV's operand: P o Z (dS above took P itself) */
+                        for (int j = 0; j < n; j++) sr[j] *= z[j];
                     if (partial) { /* masked: P and dS are 0 by selection (LSE, dP may be NaN) */
                         const int lo = rel.lo[i], hi = rel.hi[i];
                         for (int j = 0; j < n; j++)
@@ -360,6 +375,8 @@ static void q_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int gs
     const int64_t bq = p->cu_q ? 0 : b, bk = p->cu_k ? 0 : b, hk = h / p->group;
     const float slope = fa_alibi_slope(p, b, h), cap = p->softcap;
     const float *dh = D + d_off(p, b, h, q0);
+    fa_dt drop;
+    const int dropout = fa_dt_init(&drop, p, b, h);
     q_bufs B;
     q_layout(d, ws, &B);
 
@@ -400,6 +417,7 @@ static void q_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int gs
                (fa_vclamp0: this s may exceed the forward's by a rounding, and LSE is rounded) */
             const fa_vf vmul = fa_vset1(transform ? 1.0f : p->scale);
             const int partial = kind[s] == FA_TM_PARTIAL;
+            if (dropout) fa_dt_kmajor(&drop, B.dpt, BQ, nk, nq[s], (g0 + s) * BQ, j0); /* Z o dP */
             for (int j = 0; j < nk; j++) {
                 const float *restrict st = B.st + (ptrdiff_t)j * BQ;
                 float *restrict ds = B.dpt + (ptrdiff_t)j * BQ;

@@ -108,9 +108,10 @@ static void amx_item(const fa_problem *p, const amx_pack *pk, int64_t b, int64_t
 
 /* Every bf16 forward, and every fp32 one unless FLASHATTN_CPU_F32_AMX=0 sends those to the
    avx512 level's FMA kernel: all masks, softcap, ALiBi, GQA, varlen, strides, head dims to
-   256. */
+   256; not dropout. */
 static int amx_takes(const fa_problem *p) {
-    if (p->d > 256) return 0;
+    /* no dropout here: the avx512 tiled kernel applies dropout.h's mask (backend.c says so) */
+    if (p->d > 256 || p->drop_p > 0) return 0;
     return p->dtype == FA_DTYPE_BF16 || (p->dtype == FA_DTYPE_F32 && fa_cpu_f32_amx_enabled());
 }
 

@@ -15,10 +15,14 @@
  *
  * The scale is applied as fa_tm_needs_transform (tile_math.h) describes; the running max m is
  * in scaled units either way.
+ *
+ * Dropout multiplies a key tile's probabilities by their factors (drop_tile.h) after the
+ * softmax step has summed them, so l, and with it LSE, is the un-dropped softmax's.
  */
 #include <math.h>
 #include <string.h>
 
+#include "drop_tile.h"
 #include "kernels.h"
 #include "team.h"
 #include "tile_math.h"
@@ -240,6 +244,8 @@ static void fwd_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int 
     const int d = (int)p->d, dp = fa_tm_pad16(d);
     const int64_t bq = p->cu_q ? 0 : b, bk = p->cu_k ? 0 : b, hk = h / p->group;
     const float slope = fa_alibi_slope(p, b, h);
+    fa_dt drop;
+    const int dropout = fa_dt_init(&drop, p, b, h);
     fwd_bufs B;
     fwd_layout(d, ws, &B);
 
@@ -295,6 +301,7 @@ static void fwd_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int 
             softmax_step(U, B.st, nk, nq4, dp, &ahead, t * BK / active, (t + 1) * BK / active,
                          have_max, transform ? 1.0f : p->scale);
             t++;
+            if (dropout) fa_dt_kmajor(&drop, B.st, BQ, nk, nq[s], (g0 + s) * BQ, j0);
             /* O[i][x] += sum_j P[j][i] V[j][x]: A is st read down its columns */
             if (partial && v_finite < 0) v_finite = fa_tm_rows_finite(B.vf, nk, dp, dp);
             if (partial && !v_finite) /* masked keys' P is 0, and 0 * Inf or NaN is NaN */

@@ -14,6 +14,7 @@
 #include <omp.h>
 #endif
 
+#include "../dropout.h"
 #include "kernels.h"
 
 typedef struct ref_mode {
@@ -140,6 +141,16 @@ static double dscore_ddot(const fa_problem *p, ref_mode m, double dot) {
     return p->scale * (1 - t * t);
 }
 
+/* Dropout's factor of element (b, h, i, j): 0 where dropout.h's rule drops it, else
+   1 / (1 - p) (exact: in double; plain: the fp32 factor a framework multiplies by); 1 when
+   dropout is off. The mask is the kernels' own, so both compute the same function. */
+static double drop_z(const fa_problem *p, ref_mode m, const fa_drop *dr, int64_t b, int64_t h,
+                     int64_t i, int64_t j) {
+    if (!(p->drop_p > 0)) return 1;
+    if (!fa_drop_keep(dr, (uint32_t)(b * p->heads_q + h), (uint32_t)i, (uint64_t)j)) return 0;
+    return m.plain ? (double)fa_drop_scale(p->drop_p) : 1.0 / (1.0 - (double)p->drop_p);
+}
+
 static int resolve_threads(int threads) { return threads > 0 ? threads : 1; }
 
 fa_status fa_cpu_fwd_naive(const fa_problem *p, int plain, int threads, size_t *bytes_used) {
@@ -161,6 +172,7 @@ fa_status fa_cpu_fwd_naive(const fa_problem *p, int plain, int threads, size_t *
     double *L = S + total;
     *bytes_used = bytes;
 
+    const fa_drop dr = fa_drop_init(p->drop_seed, p->drop_offset, p->drop_p);
     int64_t work = p->batch * p->heads_q;
 #pragma omp parallel for num_threads(resolve_threads(threads)) schedule(dynamic)
     for (int64_t w = 0; w < work; w++) {
@@ -180,8 +192,9 @@ fa_status fa_cpu_fwd_naive(const fa_problem *p, int plain, int threads, size_t *
             fa_row_keys(p, i, sq, sk, &lo, &hi);
             for (int64_t x = 0; x < p->d; x++) {
                 double o = 0;
-                for (int64_t j = lo; j < hi; j++)
-                    o = acc(m, o, out_round(m, prow[j]), load(p, &p->v, bk, k0 + j, hk, x));
+                for (int64_t j = lo; j < hi; j++) /* O = (P with dropout) V; LSE is P's */
+                    o = acc(m, o, out_round(m, fp32(m, prow[j] * drop_z(p, m, &dr, b, h, i, j))),
+                            load(p, &p->v, bk, k0 + j, hk, x));
                 store(p, &p->o, bq, q0 + i, h, x, out_round(m, o));
             }
             store_lse(p, b, h, q0 + i, lse[i]);
@@ -214,6 +227,7 @@ fa_status fa_cpu_bwd_naive(const fa_problem *p, int plain, int threads, size_t *
     double *ACC = S + total, *L = ACC + kv_acc, *DP = L + rows;
     *bytes_used = bytes;
 
+    const fa_drop dr = fa_drop_init(p->drop_seed, p->drop_offset, p->drop_p);
     /* One task per (b, kv head) so the group's dK/dV sums need no locks. */
     int64_t work = p->batch * p->heads_kv;
 #pragma omp parallel for num_threads(resolve_threads(threads)) schedule(dynamic)
@@ -238,7 +252,9 @@ fa_status fa_cpu_bwd_naive(const fa_problem *p, int plain, int threads, size_t *
                    in its operands included (0 * NaN is NaN). */
                 int64_t lo, hi;
                 fa_row_keys(p, i, sq, sk, &lo, &hi);
-                /* dP_ij = dO_i · V_j ; D_i = sum_j P_ij dP_ij */
+                /* With dropout factors Z (O = (P o Z) V): dP_ij = Z_ij (dO_i · V_j), the
+                   gradient of P itself; D_i = sum_j P_ij dP_ij (= dO_i · O_i, the kernels'
+                   form); dS = P o (dP - D); dV_j = sum_i P_ij Z_ij dO_i. Z = 1 without. */
                 double D = 0;
                 for (int64_t j = 0; j < sk; j++) dp[j] = 0;
                 for (int64_t j = lo; j < hi; j++) {
@@ -246,7 +262,7 @@ fa_status fa_cpu_bwd_naive(const fa_problem *p, int plain, int threads, size_t *
                     for (int64_t x = 0; x < p->d; x++)
                         s = acc(m, s, load(p, &p->dout, bq, q0 + i, h, x),
                                 load(p, &p->v, bk, k0 + j, hk, x));
-                    dp[j] = out_round(m, s);
+                    dp[j] = fp32(m, out_round(m, s) * drop_z(p, m, &dr, b, h, i, j));
                     D = fp32(m, D + prow[j] * dp[j]);
                 }
                 for (int64_t j = lo; j < hi; j++) {
@@ -271,7 +287,7 @@ fa_status fa_cpu_bwd_naive(const fa_problem *p, int plain, int threads, size_t *
                 /* dK_j += dS_ij Q_i ; dV_j += P_ij dO_i  (rows of P rounded as the plain
                    matmul would see them) */
                 for (int64_t j = lo; j < hi; j++) {
-                    double pr = out_round(m, prow[j]);
+                    double pr = out_round(m, fp32(m, prow[j] * drop_z(p, m, &dr, b, h, i, j)));
                     for (int64_t x = 0; x < p->d; x++) {
                         dK[j * p->d + x] =
                             acc(m, dK[j * p->d + x], dp[j], load(p, &p->q, bq, q0 + i, h, x));

@@ -149,6 +149,12 @@ static fa_status check_problem_scalars(fa_context *ctx, const char *fn, const fa
         return fa_fail(ctx, FA_ERR_UNSUPPORTED,
                        "%s: the naive and plain reference algorithms run on the CPU backend only",
                        fn);
+    /* refused before anything runs: the CPU backend has dropout (dropout.h), the GPU not yet */
+    if (p->drop_p > 0)
+        return fa_fail(ctx, FA_ERR_UNSUPPORTED,
+                       "%s: dropout_p = %g: the GPU dropout kernel is not built yet (the CPU "
+                       "backend has dropout)",
+                       fn, (double)p->drop_p);
     if (p->dtype != FA_DTYPE_F16 && p->dtype != FA_DTYPE_BF16)
         return fa_fail(ctx, FA_ERR_DTYPE, "%s: dtype %s; the CUDA backend takes f16 and bf16", fn,
                        fa_dtype_name(p->dtype));

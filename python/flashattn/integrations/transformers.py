@@ -109,8 +109,9 @@ def _refuse_unsupported(dropout, kwargs):
     """Errors for what the library can't compute, rather than a silently different result."""
     if dropout and dropout > 0:
         raise NotImplementedError(
-            f"attention dropout {dropout}: flashattn has no dropout. Train with "
-            f"attention_dropout=0.0 in the model config, or use attn_implementation='sdpa'")
+            f"attention dropout {dropout}: this integration does not pass dropout to flashattn "
+            f"yet (flash_attn_func has it, on the CPU). Train with attention_dropout=0.0 in the "
+            f"model config, or use attn_implementation='sdpa'")
     if kwargs.get("output_attentions"):
         raise NotImplementedError(
             "output_attentions=True: flashattn computes no attention weights; load the model "
