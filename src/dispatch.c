@@ -89,6 +89,10 @@ fa_status fa_check_dtypes(fa_call *c, const fa_arg *a, int n) {
     fa_context *ctx = c->ctx;
     fa_dtype dt = a[0].t->dtype;
     const int fp8 = fa_dtype_is_fp8(dt);
+    if (fp8 && c->bwd)
+        return fa_fail(ctx, FA_ERR_DTYPE,
+                       "%s: dtype %s: there is no FP8 backward (FlashAttention-3 has none either); "
+                       "differentiate a bf16/f16/f32 forward", c->fn, fa_dtype_name(dt));
     for (int i = 1; i < n; i++) {
         if (a[i].is_lse) continue;
         /* FP8 inputs write a wider output: FP8 holds too few digits for a result (FA3 writes
@@ -104,10 +108,6 @@ fa_status fa_check_dtypes(fa_call *c, const fa_arg *a, int n) {
             return fa_fail(ctx, FA_ERR_DTYPE, "%s: %s is %s but %s is %s; they must match", c->fn,
                            a[i].name, fa_dtype_name(a[i].t->dtype), a[0].name, fa_dtype_name(dt));
     }
-    if (fp8 && c->bwd)
-        return fa_fail(ctx, FA_ERR_DTYPE,
-                       "%s: dtype %s: there is no FP8 backward (FlashAttention-3 has none either); "
-                       "differentiate a bf16/f16/f32 forward", c->fn, fa_dtype_name(dt));
     if (fp8 && strcmp(ctx->ops->name, "cpu") != 0)
         return fa_fail(ctx, FA_ERR_DTYPE,
                        "%s: dtype %s on the %s backend: the Hopper FP8 kernel is not built yet "
