@@ -131,11 +131,23 @@ typedef enum fa_dtype {
     FA_DTYPE_F32 = 0,
     FA_DTYPE_F16 = 1,     /* IEEE binary16 */
     FA_DTYPE_BF16 = 2,    /* bfloat16 */
-    FA_DTYPE_F8_E4M3 = 3, /* reserved for the Hopper FP8 path; rejected by current backends */
-    FA_DTYPE_F64 = 4      /* accepted by FA_ALGO_NAIVE only: the float64 reference */
+    FA_DTYPE_F8_E4M3 = 3, /* OCP FP8 e4m3fn: bias 7, max 448, no infinities, 0x7f/0xff NaN */
+    FA_DTYPE_F64 = 4,     /* accepted by FA_ALGO_NAIVE only: the float64 reference */
+    FA_DTYPE_F8_E5M2 = 5  /* OCP FP8 e5m2: bias 15, max 57344, +-inf, NaNs as IEEE */
 } fa_dtype;
+/*
+ * FP8 (FA_DTYPE_F8_E4M3, FA_DTYPE_F8_E5M2) is an input dtype of the forward only (fa_fwd,
+ * fa_fwd_kvcache) on the CPU backend's default algorithm (docs/fp8.md): Q, K and V share it,
+ * each element is converted exactly to fp32 as its tile loads and every product accumulates in
+ * fp32. The output O is then f32, f16 or bf16 (FA_ERR_DTYPE otherwise), LSE fp32. fa_bwd, the
+ * naive/plain reference algorithms and the CUDA backend (the Hopper FP8 kernel is not built
+ * yet) refuse FP8 with FA_ERR_DTYPE. NaN encodings (e4m3 0x7f/0xff; e5m2 exponent 31 with a
+ * mantissa) load as NaN and e5m2's infinities as +-inf, with the consequences listed at fa_fwd;
+ * finite FP8 inputs give finite outputs. fa_quantize_fp8 (below) makes FP8 tensors.
+ */
 
-/* Name of a dtype ("f32", "f16", "bf16", "f8e4m3", "f64"), or "?" for an unknown value. */
+/* Name of a dtype ("f32", "f16", "bf16", "f8e4m3", "f64", "f8e5m2"), or "?" for an unknown
+   value. */
 FA_API const char *fa_dtype_name(fa_dtype dtype);
 /* Size of one element in bytes, 0 for an unknown value. */
 FA_API size_t fa_dtype_size(fa_dtype dtype);
@@ -241,11 +253,17 @@ typedef struct fa_params {
     uint64_t dropout_seed;
     uint64_t dropout_offset;
     float dropout_p;
-    /* FP8 descale factors, applied to FA_DTYPE_F8_E4M3 inputs only (FA_ERR_INVALID_ARGUMENT
-       with any other dtype): the real value of an element of Q is q_descale[...] * its stored
-       value, likewise K and V. fp32 on the same device as the tensors, one value per (batch,
-       kv head): value [b * descale_batch_stride + h / (heads_q / heads_k)] for query head h
-       (Q's descale also indexed by kv head, as FlashAttention-3 does). NULL is 1.0. */
+    /* FP8 descale factors, applied to FP8 inputs only (FA_DTYPE_F8_E4M3 / _E5M2;
+       FA_ERR_INVALID_ARGUMENT with any other dtype): the real value of an element of Q is
+       q_descale[...] * its stored value, likewise K and V. fp32 on the same device as the
+       tensors, one value per (batch, kv head): value [b * descale_batch_stride + h / (heads_q /
+       heads_k)] for query head h (Q's descale also indexed by kv head, as FlashAttention-3
+       does). NULL is 1.0. Where they apply: q_descale * k_descale multiplies the softmax scale
+       (the scores are scale * qd * kd * (q8 . k8), one fp32 product of three factors), and
+       v_descale multiplies the normalised output row, O = vd * (P V8) / l. Each value read must
+       be finite and > 0 (a zero or negative descale is no dequantisation); on the CPU every
+       value the call reads is checked (FA_ERR_INVALID_ARGUMENT naming it, nothing written).
+       Finer scales (per block of rows, as fa_quantize_fp8 can make) are not taken here. */
     const float *q_descale;
     const float *k_descale;
     const float *v_descale;
@@ -459,10 +477,12 @@ FA_API const fa_selection *fa_last_selection(const fa_context *ctx);
  *   k    [batch, seqlen_k, heads_kv, d]   (varlen: [total_k, heads_kv, d])
  *   v    [batch, seqlen_k, heads_kv, d]   same shape as k
  *   p    options from fa_params_default(); NULL means the defaults
- *   out  [batch, seqlen_q, heads_q, d], same dtype as q, any strides (written)
+ *   out  [batch, seqlen_q, heads_q, d], same dtype as q (f32, f16 or bf16 when q is FP8),
+ *        any strides (written)
  *   lse  fp32 [batch, heads_q, seqlen_q] (varlen: [heads_q, total_q]) or NULL (written);
  *        f64 when the inputs are f64 (FA_ALGO_NAIVE)
- * q, k, v, out share one dtype (f32, f16 or bf16; f64 with FA_ALGO_NAIVE) and one device.
+ * q, k, v, out share one dtype (f32, f16 or bf16; f64 with FA_ALGO_NAIVE) and one device;
+ * or q, k, v are FP8 (one of the two formats, CPU only, see fa_dtype) and out f32/f16/bf16.
  * d is 1..256 on the CPU (d = 0 is FA_ERR_SHAPE, d > 256 FA_ERR_HEAD_DIM).
  * out and lse must not overlap the inputs, nor each other, nor alias themselves (see the top of
  * this file; FA_ERR_INVALID_ARGUMENT).
@@ -572,7 +592,8 @@ typedef struct fa_kvcache {
  *          merges them (recorded in fa_last_selection()->num_splits); n >= 1 forces n
  *          (chunks past the keys are empty and cost little); n < 0 is FA_ERR_INVALID_ARGUMENT.
  *   out, lse    as for fa_fwd.
- * q, the cache, k_new/v_new and out share one dtype (f32 on the CPU, f16, bf16); there is no
+ * q, the cache, k_new/v_new and out share one dtype (f32 on the CPU, f16, bf16), or all but
+ * out are FP8 (CPU only; out f32/f16/bf16; descales as for fa_fwd, per (batch, kv head)); no
  * f64 / FA_ALGO_NAIVE or FA_ALGO_PLAIN path (FA_ERR_UNSUPPORTED on such a context: gather
  * the cache into contiguous K/V and call fa_fwd to compare). out and lse must not overlap
  * q, the cache, k_new/v_new, seqlens or block_table; when appending, the cache must not
@@ -638,6 +659,46 @@ FA_API fa_status fa_merge_attn(fa_context *ctx, int n, const fa_tensor *out_part
 FA_API fa_status fa_dropout_mask(fa_context *ctx, uint64_t seed, uint64_t offset, float p,
                                  int64_t batch, int64_t heads, int64_t seqlen_q,
                                  int64_t seqlen_k, uint8_t *mask_out);
+
+/* ------------------------------------------------------------------------------------------ */
+/* FP8 quantisation                                                                           */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * Quantises a BSHD tensor to FP8 with one scale per block of rows (tokens) of each head, as
+ * FlashAttention-3's block quantisation does (docs/fp8.md has the accuracy it buys).
+ *   x           [batch, seqlen, heads, d], f32, f16 or bf16, any strides (read)
+ *   x8          [batch, seqlen, heads, d], FA_DTYPE_F8_E4M3 or FA_DTYPE_F8_E5M2 (its dtype picks
+ *               the format), any strides (written)
+ *   scales      fp32 [batch, heads, nblocks], any strides (written): nblocks =
+ *               ceil(seqlen / block_rows), block_rows 0 meaning seqlen (one block per (batch,
+ *               head); then nblocks is 1). The real value of x8 element (b, t, h, i) is
+ *               scales[b, h, t / block_rows] * x8[b, t, h, i].
+ *   block_rows  >= 0 (FA_ERR_INVALID_ARGUMENT otherwise).
+ *   hadamard    0: none. 1: x's rows are rotated first, x' = x H D / sqrt(d) with H the d x d
+ *               Walsh-Hadamard matrix (d a power of two, else FA_ERR_HEAD_DIM) and D a diagonal
+ *               of +-1 drawn from sign_seed (sign_seed 0: D = I). The rotation is orthogonal, so
+ *               quantising Q and K with the same (hadamard, sign_seed) leaves Q K^T unchanged in
+ *               exact arithmetic while spreading an outlier over the whole row ("incoherent
+ *               processing"). V must not be rotated (its rows come out in O).
+ * A block's scale is amax / fmax (448 for e4m3, 57344 for e5m2), its largest magnitude mapped to
+ * the format's largest finite value; x / scale rounds to nearest even (saturating at fmax). An
+ * all-zero block gets scale 1. The scales are the attention's descales: with block_rows 0, pass
+ * scales for k_descale / v_descale (descale_batch_stride = heads, the data pointer of a
+ * contiguous [batch, heads, 1] tensor); Q's descale is indexed by kv head, so under GQA quantise
+ * Q with one scale per kv head yourself, or use heads_q == heads_kv. fa_fwd takes no finer
+ * scales (per block of rows): dequantise such blocks yourself (docs/fp8.md).
+ * x must be finite (NaN or +-Inf: FA_ERR_INVALID_ARGUMENT naming the element, nothing written).
+ * CPU tensors only (FA_ERR_DEVICE on CUDA: the GPU quantiser is not built yet). x8 and scales
+ * must not overlap x or each other (FA_ERR_INVALID_ARGUMENT). The selection record names
+ * cpu_quantize_fp8_<dtype>.
+ * Returns FA_OK or FA_ERR_NULL_POINTER, FA_ERR_INVALID_ARGUMENT, FA_ERR_SHAPE, FA_ERR_DTYPE,
+ * FA_ERR_STRIDE, FA_ERR_HEAD_DIM, FA_ERR_OVERFLOW, FA_ERR_DEVICE, FA_ERR_OUT_OF_MEMORY,
+ * FA_ERR_BUSY.
+ */
+FA_API fa_status fa_quantize_fp8(fa_context *ctx, const fa_tensor *x, fa_tensor *x8,
+                                 fa_tensor *scales, int64_t block_rows, int hadamard,
+                                 uint64_t sign_seed);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Introspection                                                                              */

@@ -47,6 +47,7 @@ const char *fa_dtype_name(fa_dtype dt) {
     case FA_DTYPE_F16: return "f16";
     case FA_DTYPE_BF16: return "bf16";
     case FA_DTYPE_F8_E4M3: return "f8e4m3";
+    case FA_DTYPE_F8_E5M2: return "f8e5m2";
     case FA_DTYPE_F64: return "f64";
     }
     return "?";
@@ -58,6 +59,7 @@ size_t fa_dtype_size(fa_dtype dt) {
     case FA_DTYPE_F16: return 2;
     case FA_DTYPE_BF16: return 2;
     case FA_DTYPE_F8_E4M3: return 1;
+    case FA_DTYPE_F8_E5M2: return 1;
     case FA_DTYPE_F64: return 8;
     }
     return 0;

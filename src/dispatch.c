@@ -88,13 +88,35 @@ fa_status fa_check_tensors(fa_call *c, fa_arg *a, int n, int nd) {
 fa_status fa_check_dtypes(fa_call *c, const fa_arg *a, int n) {
     fa_context *ctx = c->ctx;
     fa_dtype dt = a[0].t->dtype;
-    for (int i = 1; i < n; i++)
-        if (!a[i].is_lse && a[i].t->dtype != dt)
+    const int fp8 = fa_dtype_is_fp8(dt);
+    if (fp8 && c->bwd)
+        return fa_fail(ctx, FA_ERR_DTYPE,
+                       "%s: dtype %s: there is no FP8 backward (FlashAttention-3 has none either); "
+                       "differentiate a bf16/f16/f32 forward", c->fn, fa_dtype_name(dt));
+    for (int i = 1; i < n; i++) {
+        if (a[i].is_lse) continue;
+        /* FP8 inputs write a wider output: FP8 holds too few digits for a result (FA3 writes
+           bf16). A workspace query's out is a stand-in (q itself), never written. */
+        if (fp8 && a[i].t == c->out) {
+            const fa_dtype od = a[i].t->dtype;
+            if (c->query_only || od == FA_DTYPE_F32 || od == FA_DTYPE_F16 || od == FA_DTYPE_BF16)
+                continue;
+            return fa_fail(ctx, FA_ERR_DTYPE, "%s: out is %s; with %s inputs it must be f32, f16 "
+                           "or bf16", c->fn, fa_dtype_name(od), fa_dtype_name(dt));
+        }
+        if (a[i].t->dtype != dt)
             return fa_fail(ctx, FA_ERR_DTYPE, "%s: %s is %s but %s is %s; they must match", c->fn,
                            a[i].name, fa_dtype_name(a[i].t->dtype), a[0].name, fa_dtype_name(dt));
-    if (dt == FA_DTYPE_F8_E4M3)
-        return fa_fail(ctx, FA_ERR_DTYPE, "%s: dtype f8e4m3 is not supported by the %s backend",
-                       c->fn, ctx->ops->name);
+    }
+    if (fp8 && strcmp(ctx->ops->name, "cpu") != 0)
+        return fa_fail(ctx, FA_ERR_DTYPE,
+                       "%s: dtype %s on the %s backend: the Hopper FP8 kernel is not built yet "
+                       "(the CPU backend runs FP8)", c->fn, fa_dtype_name(dt), ctx->ops->name);
+    if (fp8 && ctx->algo != FA_ALGO_AUTO)
+        return fa_fail(ctx, FA_ERR_DTYPE,
+                       "%s: dtype %s runs on the default algorithm only; the naive and plain "
+                       "references take f64/f32/f16/bf16 (dequantise to compare)", c->fn,
+                       fa_dtype_name(dt));
     if (dt == FA_DTYPE_F64 && ctx->algo != FA_ALGO_NAIVE)
         return fa_fail(ctx, FA_ERR_DTYPE,
                        "%s: dtype f64 is accepted only by the FA_ALGO_NAIVE reference", c->fn);
@@ -285,6 +307,50 @@ fa_operand fa_operand_of(const fa_tensor *t, int varlen) {
     return o;
 }
 
+/* FP8 descales (fa_params): one fp32 per (batch, kv head) read, each finite and > 0, checked
+   on the CPU (where the data is readable) so that a bad factor is named, not a NaN output. */
+static fa_status check_descales(fa_call *c, fa_problem *pr) {
+    const fa_params *p = c->p;
+    const int any = p->q_descale || p->k_descale || p->v_descale;
+    if (!fa_dtype_is_fp8(pr->dtype)) {
+        if (any || p->descale_batch_stride)
+            return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT,
+                           "%s: q/k/v_descale apply to FP8 inputs only (these are %s)", c->fn,
+                           fa_dtype_name(pr->dtype));
+        return FA_OK;
+    }
+    const int64_t sb = p->descale_batch_stride;
+    if (sb != 0 && sb < pr->heads_kv)
+        return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT,
+                       "%s: descale_batch_stride = %lld, must be 0 or >= heads_kv = %lld", c->fn,
+                       (long long)sb, (long long)pr->heads_kv);
+    if (sb != 0 && pr->batch > 1 && (sb > INT64_MAX / (pr->batch - 1)))
+        return fa_fail(c->ctx, FA_ERR_OVERFLOW, "%s: descale_batch_stride = %lld overflows",
+                       c->fn, (long long)sb);
+    pr->q_descale = p->q_descale;
+    pr->k_descale = p->k_descale;
+    pr->v_descale = p->v_descale;
+    pr->descale_sb = sb;
+    if (!any || c->q->device != FA_DEVICE_CPU) return FA_OK;
+    const float *arr[3] = {p->q_descale, p->k_descale, p->v_descale};
+    static const char *const names[3] = {"q_descale", "k_descale", "v_descale"};
+    const int64_t rows = sb ? pr->batch : 1;
+    for (int w = 0; w < 3; w++) {
+        if (!arr[w]) continue;
+        for (int64_t b = 0; b < rows; b++)
+            for (int64_t h = 0; h < pr->heads_kv; h++) {
+                const float v = arr[w][b * sb + h];
+                if (!(v > 0) || isinf(v))
+                    return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT,
+                                   "%s: %s[%lld] = %g (batch %lld, kv head %lld), must be finite "
+                                   "and > 0",
+                                   c->fn, names[w], (long long)(b * sb + h), (double)v,
+                                   (long long)b, (long long)h);
+            }
+    }
+    return FA_OK;
+}
+
 fa_status fa_check_options(fa_call *c, fa_problem *pr) {
     const fa_params *p = c->p;
     if (!(p->softmax_scale >= 0 && p->softmax_scale <= FA_MAX_SOFTMAX_SCALE))
@@ -355,9 +421,7 @@ fa_status fa_check_options(fa_call *c, fa_problem *pr) {
     pr->drop_p = p->dropout_p;
     pr->drop_seed = p->dropout_seed;
     pr->drop_offset = p->dropout_offset;
-    if (p->q_descale || p->k_descale || p->v_descale || p->descale_batch_stride)
-        return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT,
-                       "%s: q/k/v_descale apply to FA_DTYPE_F8_E4M3 inputs only", c->fn);
+    FA_TRY(check_descales(c, pr));
     return FA_OK;
 }
 
@@ -433,6 +497,7 @@ static fa_status validate(fa_call *c, fa_problem *pr) {
                        (long long)hq, (long long)hk);
 
     pr->dtype = dt;
+    pr->odtype = c->out->dtype;
     pr->d = d;
     pr->heads_q = hq;
     pr->heads_kv = hk;

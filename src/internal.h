@@ -28,6 +28,7 @@ typedef struct fa_operand {
 
 typedef struct fa_problem {
     fa_dtype dtype;           /* of q, k, v, o (and do, dq, dk, dv) */
+    fa_dtype odtype;          /* of o: dtype, except f32/f16/bf16 for FP8 inputs */
     int64_t batch, heads_q, heads_kv, d;
     int64_t group;            /* heads_q / heads_kv */
     int64_t seqlen_q, seqlen_k; /* BSHD: the lengths; varlen: the maxima */
@@ -49,6 +50,9 @@ typedef struct fa_problem {
     float softcap;            /* 0: off */
     const float *alibi;       /* NULL: off; slope(b, h) = alibi[b*alibi_sb + h] */
     int64_t alibi_sb;
+    /* FP8 descales (NULL: 1), value (b, kv head hk) at [b * descale_sb + hk]; see fa_params */
+    const float *q_descale, *k_descale, *v_descale;
+    int64_t descale_sb;
     int causal;               /* informational: the caller asked for causal */
     int deterministic;
     /* Dropout on P (fa_fwd, fa_bwd): drop_p 0 is off; the mask rule is dropout.h's, keyed by
@@ -132,6 +136,15 @@ static inline void fa_row_keys(const fa_problem *p, int64_t i, int64_t sq, int64
     *hi = fa_rows_hi(r, i);
 }
 #endif
+
+static inline int fa_dtype_is_fp8(fa_dtype dt) {
+    return dt == FA_DTYPE_F8_E4M3 || dt == FA_DTYPE_F8_E5M2;
+}
+
+/* Descale (b, hk) of one of the problem's descale arrays: 1 when it is NULL. */
+static inline float fa_descale(const fa_problem *p, const float *ds, int64_t b, int64_t hk) {
+    return ds ? ds[b * p->descale_sb + hk] : 1.0f;
+}
 
 static inline float fa_alibi_slope(const fa_problem *p, int64_t b, int64_t h) {
     return p->alibi ? p->alibi[b * p->alibi_sb + h] : 0.0f;

@@ -195,6 +195,7 @@ static fa_status validate_kv(fa_call *c, const fa_kvcache *cache, const fa_tenso
         return fa_fail(ctx, FA_ERR_GQA, "%s: heads_q = %lld is not a multiple of heads_kv = %lld",
                        c->fn, (long long)hq, (long long)hk);
     pr->dtype = q->dtype;
+    pr->odtype = c->out->dtype;
     pr->batch = q->shape[0];
     pr->seqlen_q = q->shape[1];
     pr->heads_q = hq;

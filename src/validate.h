@@ -50,8 +50,9 @@ static inline int fa_spans_overlap(fa_span a, fa_span b) { return a.lo < b.hi &&
 /* Each tensor of a[0..n): pointer, rank (nd, LSE nd - 1), sizes, strides (the last one 1,
    but for LSE), and that its byte span fits the address space; fills a[i].sp. */
 fa_status fa_check_tensors(fa_call *c, fa_arg *a, int n, int nd);
-/* One dtype for every non-LSE tensor (a[0]'s; f8 rejected, f64 only under FA_ALGO_NAIVE)
-   and f32 LSE (f64 for f64 inputs). */
+/* One dtype for every non-LSE tensor (a[0]'s; f64 only under FA_ALGO_NAIVE) and f32 LSE (f64
+   for f64 inputs). FP8 inputs: out f32/f16/bf16, forward only, CPU backend's default algorithm
+   only (FA_ERR_DTYPE otherwise). */
 fa_status fa_check_dtypes(fa_call *c, const fa_arg *a, int n);
 /* All on a[0]'s device, and that is the device the context's backend serves. */
 fa_status fa_check_devices(fa_call *c, const fa_arg *a, int n);

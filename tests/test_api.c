@@ -38,7 +38,8 @@ static void version_and_dtypes(void **state) {
         const char *name;
         size_t size;
     } d[] = {{FA_DTYPE_F32, "f32", 4}, {FA_DTYPE_F16, "f16", 2}, {FA_DTYPE_BF16, "bf16", 2},
-             {FA_DTYPE_F8_E4M3, "f8e4m3", 1}, {FA_DTYPE_F64, "f64", 8}};
+             {FA_DTYPE_F8_E4M3, "f8e4m3", 1}, {FA_DTYPE_F64, "f64", 8},
+             {FA_DTYPE_F8_E5M2, "f8e5m2", 1}};
     for (size_t i = 0; i < sizeof d / sizeof *d; i++) {
         assert_string_equal(fa_dtype_name(d[i].dt), d[i].name);
         assert_int_equal(fa_dtype_size(d[i].dt), d[i].size);

@@ -335,6 +335,11 @@ static fa_status cpu_fwd(fa_context *ctx, const fa_problem *p, void *ws, size_t 
            tiled_name(name, sizeof name, "fwd", level_name(level, sizeof level, isa, p, 0),
                       p, t),
            t, threads, isa->fwd_ws(p, threads));
+    /* FP8 runs where a level's own forward does not take it (AMX: bf16/fp32 tiles only) */
+    if (active != isa && fa_dtype_is_fp8(p->dtype))
+        snprintf(ctx->sel.reason, sizeof ctx->sel.reason,
+                 "the %s level has no %s forward: the %s tiled kernel converts FP8 to fp32 in "
+                 "its tile loads", active->name, fa_dtype_name(p->dtype), isa->name);
     /* the one forward a level hands down on request, not for want of a kernel: say so */
     if (active != isa && active->fwd_method && p->dtype == FA_DTYPE_F32 &&
         !fa_cpu_f32_amx_enabled())

@@ -162,8 +162,9 @@ FA_TM_INLINE void sub_init(const fwd_sub *U, const fa_problem *p, int64_t bq, in
 /* O = acc / l and LSE = m + log l of query tile [i0, i0 + nq) (zero and -inf for rows that
    saw no key). */
 FA_TM_INLINE void sub_store(const fwd_sub *U, const fa_tm_qrows *rows, const fa_problem *p,
-                            int64_t b, int64_t bq, int64_t t0, int nq, int64_t h, int dp) {
-    const fa_dtype dt = p->dtype;
+                            int64_t b, int64_t bq, int64_t t0, int nq, int64_t h, int dp,
+                            float vd) {
+    const fa_dtype dt = p->odtype; /* FP8 inputs write a wider output */
     const size_t es = fa_dtype_size(dt);
     const int d = (int)p->d;
     float *lse = (float *)p->lse;
@@ -178,7 +179,8 @@ FA_TM_INLINE void sub_store(const fwd_sub *U, const fa_tm_qrows *rows, const fa_
             float *restrict o = U->o + (ptrdiff_t)i * dp;
             FA_TM_SIMD
             for (int x = 0; x < d; x++) o[x] /= li;
-            fa_tm_store_row(orow, dt, o, d, 1.0f);
+            /* V's descale (FP8; else 1) scales the finished row: O is linear in V */
+            fa_tm_store_row(orow, dt, o, d, vd);
             row_lse = (float)((double)U->m[i] + log((double)li)); /* one rounding */
         }
         if (lse) lse[b * p->lse_sb + h * p->lse_sh + t * p->lse_st] = row_lse;
@@ -246,6 +248,11 @@ static void fwd_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int 
     const float slope = fa_alibi_slope(p, b, h);
     fa_dt drop;
     const int dropout = fa_dt_init(&drop, p, b, h);
+    /* FP8: Q's and K's descales are factors of every score, so they join the softmax scale
+       (one fp32 constant, as the header documents); 1 for other dtypes */
+    const float scale = p->scale * fa_descale(p, p->q_descale, b, hk) *
+                        fa_descale(p, p->k_descale, b, hk);
+    const float vd = fa_descale(p, p->v_descale, b, hk);
     fwd_bufs B;
     fwd_layout(d, ws, &B);
 
@@ -294,12 +301,12 @@ static void fwd_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int 
             }
             if (transform) {
                 /* padding columns (i >= nq) stay unscaled: their scores are 0 */
-                fa_tm_scores_kmajor(B.st, NULL, nk, nq[s], &rel, p->scale, p->softcap, slope,
+                fa_tm_scores_kmajor(B.st, NULL, nk, nq[s], &rel, scale, p->softcap, slope,
                                     kind[s] == FA_TM_PARTIAL);
             }
             const int nq4 = fa_tm_pad4(nq[s]);
             softmax_step(U, B.st, nk, nq4, dp, &ahead, t * BK / active, (t + 1) * BK / active,
-                         have_max, transform ? 1.0f : p->scale);
+                         have_max, transform ? 1.0f : scale);
             t++;
             if (dropout) fa_dt_kmajor(&drop, B.st, BQ, nk, nq[s], (g0 + s) * BQ, j0);
             /* O[i][x] += sum_j P[j][i] V[j][x]: A is st read down its columns */
@@ -314,7 +321,7 @@ static void fwd_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int 
     }
 
     for (int s = 0; s < nsub; s++)
-        sub_store(&B.sub[s], &rows[s], p, b, bq, q0 + (g0 + s) * BQ, nq[s], h, dp);
+        sub_store(&B.sub[s], &rows[s], p, b, bq, q0 + (g0 + s) * BQ, nq[s], h, dp, vd);
 }
 
 typedef struct fwd_run {

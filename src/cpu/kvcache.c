@@ -305,8 +305,8 @@ FA_TM_INLINE int kv_in_place(const fa_problem *p, int64_t b, int64_t hk, int64_t
 
 /* Where an item's rows go: the output (one split) or the split's fp32 partials. */
 static void store_rows(const fa_problem *p, const kv_bufs *B, const kv_rows *R, int64_t b,
-                       int s, int splits, const kv_partials *pt) {
-    const fa_dtype dt = p->dtype;
+                       int s, int splits, const kv_partials *pt, float vd) {
+    const fa_dtype dt = p->odtype; /* FP8 inputs write a wider output */
     const size_t es = fa_dtype_size(dt);
     const int d = (int)p->d, dp = fa_tm_pad16(d);
     const int64_t sq = p->seqlen_q, hq = p->heads_q;
@@ -317,9 +317,11 @@ static void store_rows(const fa_problem *p, const kv_bufs *B, const kv_rows *R, 
         float *restrict o = B->o + (ptrdiff_t)r * dp;
         float row_lse = -INFINITY;
         if (!empty) {
+            /* V's descale (FP8; else 1) scales the finished row, partials included: the
+               merge is linear in them */
             const float li = B->l[r];
             FA_TM_SIMD
-            for (int x = 0; x < d; x++) o[x] /= li;
+            for (int x = 0; x < d; x++) o[x] = o[x] / li * vd;
             row_lse = B->m[r] + logf(li);
         }
         if (splits > 1) { /* an empty chunk's output is never read: only its LSE */
@@ -346,6 +348,10 @@ static void kv_item(const fa_problem *p, int64_t w, int splits, float *ws, const
     const fa_dtype dt = p->dtype;
     const size_t es = fa_dtype_size(dt);
     const int d = (int)p->d, dp = fa_tm_pad16(d);
+    /* FP8: Q's and K's descales join the softmax scale (1 for other dtypes) */
+    const float scale = p->scale * fa_descale(p, p->q_descale, b, hk) *
+                        fa_descale(p, p->k_descale, b, hk);
+    const float vd = fa_descale(p, p->v_descale, b, hk);
     kv_bufs B;
     kv_layout(d, ws, &B);
     kv_rows R;
@@ -374,7 +380,7 @@ static void kv_item(const fa_problem *p, int64_t w, int splits, float *ws, const
         } else {
             load_kv(&B, p, b, hk, j0, nk, R.q.uhi);
         }
-        fa_dd_scores(nr, nk, kt, ldk, B.q, dp, dp, B.s, BK, p->scale);
+        fa_dd_scores(nr, nk, kt, ldk, B.q, dp, dp, B.s, BK, scale);
         rel_init(&rel, &R, j0);
         fa_tm_scores_qmajor(B.s, NULL, nr, nk, &rel, 1.0f, p->softcap, 0.0f, kind == FA_TM_PARTIAL);
         if (R.alibi) alibi_rows(B.s, &R, &rel, nk);
@@ -386,7 +392,7 @@ static void kv_item(const fa_problem *p, int64_t w, int splits, float *ws, const
         else
             fa_tm_gemm_exact(nr, dp, nk, B.s, BK, 1, vt, ldv, B.o, dp);
     }
-    store_rows(p, &B, &R, b, s, splits, pt);
+    store_rows(p, &B, &R, b, s, splits, pt, vd);
 }
 
 /* The merge of the splits' partials into out / lse, as fa_merge_attn would do it. */
@@ -403,7 +409,7 @@ static void merge_splits(const fa_problem *p, int splits, const kv_partials *pt,
         m->lse_sh = sq;
         m->lse_st = 1;
     }
-    fa_merge_problem m = {splits, pt->parts, FA_DTYPE_F32, p->dtype, p->batch, sq, hq, d,
+    fa_merge_problem m = {splits, pt->parts, FA_DTYPE_F32, p->odtype, p->batch, sq, hq, d,
                           p->o, (float *)p->lse, p->lse_sb, p->lse_sh, p->lse_st};
     fa_cpu_merge(&m, fa_cpu_team(threads, fa_cpu_merge_flops(&m)));
 }

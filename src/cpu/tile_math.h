@@ -17,6 +17,7 @@
 #include <omp.h>
 #endif
 
+#include "../fp8.h"
 #include "kernels.h"
 #include "simd.h"
 #if defined(__F16C__)
@@ -174,6 +175,13 @@ FA_TM_INLINE void fa_tm_load_row(float *restrict dst, const void *restrict src, 
         for (int x = 0; x < n; x++) dst[x] = mul * (float)s[x];
         break;
     }
+    case FA_DTYPE_F8_E4M3:
+    case FA_DTYPE_F8_E5M2: { /* exact: every FP8 value is an fp32 value (fp8.h) */
+        const uint8_t *restrict s = (const uint8_t *)src;
+        const float *restrict tab = fa_fp8_table(dt);
+        for (int x = 0; x < n; x++) dst[x] = mul * tab[s[x]];
+        break;
+    }
     default: {
         const float *restrict s = (const float *)src;
         for (int x = 0; x < n; x++) dst[x] = mul * s[x];
@@ -192,6 +200,8 @@ FA_TM_INLINE void fa_tm_load_col(float *restrict dst, ptrdiff_t ld, const void *
         case FA_DTYPE_F16: v = fa_tm_h2f(((const uint16_t *)src)[x]); break;
         case FA_DTYPE_BF16: v = fa_tm_bf2f(((const uint16_t *)src)[x]); break;
         case FA_DTYPE_F64: v = (float)((const double *)src)[x]; break;
+        case FA_DTYPE_F8_E4M3:
+        case FA_DTYPE_F8_E5M2: v = fa_fp8_table(dt)[((const uint8_t *)src)[x]]; break;
         default: v = ((const float *)src)[x]; break;
         }
         dst[x * ld] = mul * v;
