@@ -73,6 +73,12 @@ static fa_status check_tensor(fa_call *c, const char *name, const fa_tensor *t, 
         if (__builtin_mul_overflow(numel, t->shape[i], &numel))
             return fa_fail(c->ctx, FA_ERR_OVERFLOW, "%s: %s has more than 2^63 elements", c->fn,
                            name);
+    /* the kernels load elements as their C type: a misaligned one is undefined behaviour
+       (a fault on some targets), so it is refused here rather than read */
+    if ((uintptr_t)t->data % es)
+        return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT,
+                       "%s: %s->data = %p is not aligned to its %zu-byte %s elements", c->fn,
+                       name, t->data, es, fa_dtype_name(t->dtype));
     sp->lo = (uintptr_t)t->data;
     sp->hi = end;
     return FA_OK;

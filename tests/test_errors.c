@@ -134,6 +134,9 @@ MUT(null_dk, a->p[T_DK] = NULL)
 MUT(null_dv, a->p[T_DV] = NULL)
 MUT(null_lse, a->p[T_LSE] = NULL)
 MUT(null_q_data, a->t[T_Q].data = NULL)
+/* elements not aligned to their size: loading them is undefined behaviour (fuzz/ found it) */
+MUT(misaligned_q, a->t[T_Q].data = (char *)a->t[T_Q].data + 1)
+MUT(misaligned_dv, a->t[T_DV].data = (char *)a->t[T_DV].data + 2)
 MUT(null_v_data, a->t[T_V].data = NULL)
 MUT(null_out_data, a->t[T_O].data = NULL)
 MUT(null_dk_data, a->t[T_DK].data = NULL)
@@ -242,6 +245,8 @@ static const bad bads[] = {
     {"null dv", null_dv, FA_ERR_NULL_POINTER, OP_BWD, 0},
     {"null lse in bwd", null_lse, FA_ERR_NULL_POINTER, OP_BWD, 0},
     {"null q->data", null_q_data, FA_ERR_NULL_POINTER, OP_ALL, 0},
+    {"misaligned q->data", misaligned_q, FA_ERR_INVALID_ARGUMENT, OP_ALL, 0},
+    {"misaligned dv->data", misaligned_dv, FA_ERR_INVALID_ARGUMENT, OP_BWD, 0},
     {"null v->data", null_v_data, FA_ERR_NULL_POINTER, OP_ALL, 0},
     {"null out->data", null_out_data, FA_ERR_NULL_POINTER, OP_FB, 0},
     {"null dk->data", null_dk_data, FA_ERR_NULL_POINTER, OP_BWD, 0},
