@@ -281,12 +281,12 @@ fa_operand fa_operand_of(const fa_tensor *t, int varlen) {
     o.data = t->data;
     if (varlen) {
         o.sb = 0;
-        o.st = t->stride[0];
-        o.sh = t->stride[1];
+        o.st = fa_stride_of(t, 0);
+        o.sh = fa_stride_of(t, 1);
     } else {
-        o.sb = t->stride[0];
-        o.st = t->stride[1];
-        o.sh = t->stride[2];
+        o.sb = fa_stride_of(t, 0);
+        o.st = fa_stride_of(t, 1);
+        o.sh = fa_stride_of(t, 2);
     }
     return o;
 }
@@ -469,9 +469,9 @@ static fa_status validate(fa_call *c, fa_problem *pr) {
                            (long long)(varlen ? q->shape[0] : hq), varlen ? "" : ", ",
                            varlen ? 0LL : (long long)pr->seqlen_q);
         pr->lse = l->data;
-        pr->lse_sb = varlen ? 0 : l->stride[0];
-        pr->lse_sh = l->stride[varlen ? 0 : 1];
-        pr->lse_st = l->stride[varlen ? 1 : 2];
+        pr->lse_sb = varlen ? 0 : fa_stride_of(l, 0);
+        pr->lse_sh = fa_stride_of(l, varlen ? 0 : 1);
+        pr->lse_st = fa_stride_of(l, varlen ? 1 : 2);
     }
     FA_TRY(fa_check_options(c, pr));
 
