@@ -65,8 +65,8 @@ static fa_status check_tensor(fa_call *c, const char *name, const fa_tensor *t, 
     if (__builtin_mul_overflow((uint64_t)extent + 1, (uint64_t)es, &bytes) ||
         bytes > (uint64_t)SIZE_MAX || __builtin_add_overflow((uintptr_t)t->data, bytes, &end))
         return fa_fail(c->ctx, FA_ERR_OVERFLOW,
-                       "%s: %s spans %lld elements of %zu bytes, beyond the address space", c->fn,
-                       name, (long long)extent + 1, es);
+                       "%s: %s spans %llu elements of %zu bytes, beyond the address space", c->fn,
+                       name, (unsigned long long)extent + 1, es); /* extent may be INT64_MAX */
     /* every element count the kernels form (batch * seqlen * heads ...) must fit too */
     int64_t numel = 1;
     for (int i = 0; i < ndim; i++)
