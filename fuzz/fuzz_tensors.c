@@ -111,7 +111,7 @@ static size_t span_bytes(const fa_tensor *t, int64_t *numel) {
     }
     uint64_t bytes;
     if (__builtin_mul_overflow((uint64_t)extent + 1, (uint64_t)es, &bytes) ||
-        bytes > (uint64_t)1 << 62)
+        bytes > (uint64_t)INT64_MAX) /* the library's bound: PTRDIFF_MAX */
         return 0;
     *numel = n;
     return (size_t)bytes;

@@ -60,10 +60,12 @@ static fa_status check_tensor(fa_call *c, const char *name, const fa_tensor *t, 
                            "%s: %s spans more than 2^63 elements (shape[%d] = %lld, stride %lld)",
                            c->fn, name, i, (long long)t->shape[i], (long long)t->stride[i]);
     }
+    /* byte offsets are ptrdiff_t in the kernels: a span past PTRDIFF_MAX would wrap them
+       (a write far outside the tensor; fuzz/ found it), so it is refused as overflow */
     uint64_t bytes;
     uintptr_t end;
     if (__builtin_mul_overflow((uint64_t)extent + 1, (uint64_t)es, &bytes) ||
-        bytes > (uint64_t)SIZE_MAX || __builtin_add_overflow((uintptr_t)t->data, bytes, &end))
+        bytes > (uint64_t)PTRDIFF_MAX || __builtin_add_overflow((uintptr_t)t->data, bytes, &end))
         return fa_fail(c->ctx, FA_ERR_OVERFLOW,
                        "%s: %s spans %llu elements of %zu bytes, beyond the address space", c->fn,
                        name, (unsigned long long)extent + 1, es); /* extent may be INT64_MAX */
