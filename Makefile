@@ -1,6 +1,9 @@
 # The two commands of the README: `make demo` and `make test`. Everything else is a helper.
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+CLANG_BUILD ?= build-clang
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 # make install PREFIX=/opt/flashattn: the prefix is set when the build is configured, since the
@@ -10,7 +13,7 @@ PREFIX     ?=
 VENV       ?= .venv
 PYTHON     ?= python3
 
-.PHONY: all deps build venv demo test check-pip test-asan install clean
+.PHONY: all deps build venv demo test check-pip test-asan build-clang fuzz install clean
 
 all: build
 
@@ -52,8 +55,19 @@ test-asan: deps
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	scripts/run_tests.sh $(ASAN_BUILD) asan
 
+# The library, tests and tool compiled by clang with warnings as errors, CPU only (CI runs it;
+# the tests are not run again here).
+build-clang: deps
+	CC=clang cmake -S . -B $(CLANG_BUILD) -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_WITH_CUDA=OFF \
+	  -DFLASHATTN_WERROR=ON $(CMAKE_ARGS)
+	cmake --build $(CLANG_BUILD) -j $(JOBS)
+
+# The libFuzzer target (fuzz/README.md) for FUZZ_SECONDS seconds; CI runs it for 60.
+fuzz: deps
+	FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_SECONDS=$(FUZZ_SECONDS) JOBS=$(JOBS) scripts/fuzz.sh
+
 install: build
 	cmake --install $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(CLANG_BUILD) $(FUZZ_BUILD)

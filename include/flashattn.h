@@ -164,6 +164,7 @@ typedef enum fa_device {
  *   shape    sizes, outermost first; entries past ndim are ignored.
  *   stride   distances in elements (not bytes) between neighbours along each dimension.
  *            The last dimension must have stride 1; the others must be >= 1, in any order.
+ *   data     aligned to the element size (FA_ERR_INVALID_ARGUMENT otherwise).
  */
 typedef struct fa_tensor {
     void *data;

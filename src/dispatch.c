@@ -60,19 +60,27 @@ static fa_status check_tensor(fa_call *c, const char *name, const fa_tensor *t, 
                            "%s: %s spans more than 2^63 elements (shape[%d] = %lld, stride %lld)",
                            c->fn, name, i, (long long)t->shape[i], (long long)t->stride[i]);
     }
+    /* byte offsets are ptrdiff_t in the kernels: a span past PTRDIFF_MAX would wrap them
+       (a write far outside the tensor; fuzz/ found it), so it is refused as overflow */
     uint64_t bytes;
     uintptr_t end;
     if (__builtin_mul_overflow((uint64_t)extent + 1, (uint64_t)es, &bytes) ||
-        bytes > (uint64_t)SIZE_MAX || __builtin_add_overflow((uintptr_t)t->data, bytes, &end))
+        bytes > (uint64_t)PTRDIFF_MAX || __builtin_add_overflow((uintptr_t)t->data, bytes, &end))
         return fa_fail(c->ctx, FA_ERR_OVERFLOW,
-                       "%s: %s spans %lld elements of %zu bytes, beyond the address space", c->fn,
-                       name, (long long)extent + 1, es);
+                       "%s: %s spans %llu elements of %zu bytes, beyond the address space", c->fn,
+                       name, (unsigned long long)extent + 1, es); /* extent may be INT64_MAX */
     /* every element count the kernels form (batch * seqlen * heads ...) must fit too */
     int64_t numel = 1;
     for (int i = 0; i < ndim; i++)
         if (__builtin_mul_overflow(numel, t->shape[i], &numel))
             return fa_fail(c->ctx, FA_ERR_OVERFLOW, "%s: %s has more than 2^63 elements", c->fn,
                            name);
+    /* the kernels load elements as their C type: a misaligned one is undefined behaviour
+       (a fault on some targets), so it is refused here rather than read */
+    if ((uintptr_t)t->data % es)
+        return fa_fail(c->ctx, FA_ERR_INVALID_ARGUMENT,
+                       "%s: %s->data = %p is not aligned to its %zu-byte %s elements", c->fn,
+                       name, t->data, es, fa_dtype_name(t->dtype));
     sp->lo = (uintptr_t)t->data;
     sp->hi = end;
     return FA_OK;
@@ -297,12 +305,12 @@ fa_operand fa_operand_of(const fa_tensor *t, int varlen) {
     o.data = t->data;
     if (varlen) {
         o.sb = 0;
-        o.st = t->stride[0];
-        o.sh = t->stride[1];
+        o.st = fa_stride_of(t, 0);
+        o.sh = fa_stride_of(t, 1);
     } else {
-        o.sb = t->stride[0];
-        o.st = t->stride[1];
-        o.sh = t->stride[2];
+        o.sb = fa_stride_of(t, 0);
+        o.st = fa_stride_of(t, 1);
+        o.sh = fa_stride_of(t, 2);
     }
     return o;
 }
@@ -546,9 +554,9 @@ static fa_status validate(fa_call *c, fa_problem *pr) {
                            (long long)(varlen ? q->shape[0] : hq), varlen ? "" : ", ",
                            varlen ? 0LL : (long long)pr->seqlen_q);
         pr->lse = l->data;
-        pr->lse_sb = varlen ? 0 : l->stride[0];
-        pr->lse_sh = l->stride[varlen ? 0 : 1];
-        pr->lse_st = l->stride[varlen ? 1 : 2];
+        pr->lse_sb = varlen ? 0 : fa_stride_of(l, 0);
+        pr->lse_sh = fa_stride_of(l, varlen ? 0 : 1);
+        pr->lse_st = fa_stride_of(l, varlen ? 1 : 2);
     }
     FA_TRY(fa_check_options(c, pr));
 

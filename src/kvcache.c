@@ -221,9 +221,9 @@ static fa_status validate_kv(fa_call *c, const fa_kvcache *cache, const fa_tenso
                            "[%lld, %lld, %lld]", c->fn, (long long)pr->batch, (long long)hq,
                            (long long)pr->seqlen_q);
         pr->lse = l->data;
-        pr->lse_sb = l->stride[0];
-        pr->lse_sh = l->stride[1];
-        pr->lse_st = l->stride[2];
+        pr->lse_sb = fa_stride_of(l, 0);
+        pr->lse_sh = fa_stride_of(l, 1);
+        pr->lse_st = fa_stride_of(l, 2);
     }
     FA_TRY(fa_check_options(c, pr));
     /* decoding is inference: no kernel of this entry regenerates a mask for a backward */
@@ -326,8 +326,8 @@ static fa_status check_part_lses(fa_call *c, int n, const fa_tensor *lse_parts, 
         const fa_tensor *l = &lse_parts[s];
         const float *x = l->data;
         const int64_t nb = thd ? 1 : l->shape[0], nh = l->shape[thd ? 0 : 1],
-                      nt = l->shape[thd ? 1 : 2], sb = thd ? 0 : l->stride[0],
-                      sh = l->stride[thd ? 0 : 1], st = l->stride[thd ? 1 : 2];
+                      nt = l->shape[thd ? 1 : 2], sb = thd ? 0 : fa_stride_of(l, 0),
+                      sh = fa_stride_of(l, thd ? 0 : 1), st = fa_stride_of(l, thd ? 1 : 2);
         for (int64_t b = 0; b < nb; b++)
             for (int64_t h = 0; h < nh; h++)
                 for (int64_t t = 0; t < nt; t++) {
@@ -391,8 +391,8 @@ static fa_status validate_merge(fa_call *c, int n, const fa_tensor *out_parts,
     for (int s = 0; s <= n; s++) {
         const fa_tensor *l = s < n ? &lse_parts[s] : lse;
         if (!l) break;
-        int64_t sb = thd ? 0 : l->stride[0], sh = l->stride[thd ? 0 : 1],
-                st = l->stride[thd ? 1 : 2];
+        int64_t sb = thd ? 0 : fa_stride_of(l, 0), sh = fa_stride_of(l, thd ? 0 : 1),
+                st = fa_stride_of(l, thd ? 1 : 2);
         if (s < n) {
             parts[s].o = fa_operand_of(&out_parts[s], thd);
             parts[s].lse = l->data;

@@ -63,6 +63,12 @@ fa_status fa_check_same_shape(fa_call *c, const char *an, const fa_tensor *a, co
 /* Scalar options of c->p (pr->d, the lengths and token counts must be set): scale, softcap,
    window, ALiBi stride against heads_q; resolves them into pr, the windows normalised. */
 fa_status fa_check_options(fa_call *c, fa_problem *pr);
+/* Stride i of a validated tensor as kernels take it: 0 for a dimension of size 1, whose
+   stride addresses nothing and may be anything >= 1 (INT64_MAX included), so that no kernel
+   forms index * stride * element size from it (signed overflow: fuzz/ found it). */
+static inline int64_t fa_stride_of(const fa_tensor *t, int i) {
+    return t->shape[i] == 1 ? 0 : t->stride[i];
+}
 /* A validated BSHD (varlen 0) or THD (varlen 1) tensor as a kernel operand. */
 fa_operand fa_operand_of(const fa_tensor *t, int varlen);
 

@@ -134,6 +134,24 @@ MUT(null_dk, a->p[T_DK] = NULL)
 MUT(null_dv, a->p[T_DV] = NULL)
 MUT(null_lse, a->p[T_LSE] = NULL)
 MUT(null_q_data, a->t[T_Q].data = NULL)
+/* 2^61.4 elements of 4 bytes: fits the address type, not ptrdiff_t (fuzz/ found a kernel
+   write wrapped by such a span) */
+static void span_past_ptrdiff(args *a) {
+    fa_tensor *t = &a->t[T_Q];
+    for (int i = 0; i < 4; i++) t->shape[i] = 1, t->stride[i] = 1;
+    t->shape[0] = 2;
+    t->stride[0] = INT64_MAX / 3;
+}
+/* a span of exactly 2^63 elements: its message must not overflow either (fuzz/ found it) */
+static void span_2_63(args *a) {
+    fa_tensor *t = &a->t[T_Q];
+    for (int i = 0; i < 4; i++) t->shape[i] = 1, t->stride[i] = 1;
+    t->shape[0] = 2;
+    t->stride[0] = INT64_MAX;
+}
+/* elements not aligned to their size: loading them is undefined behaviour (fuzz/ found it) */
+MUT(misaligned_q, a->t[T_Q].data = (char *)a->t[T_Q].data + 1)
+MUT(misaligned_dv, a->t[T_DV].data = (char *)a->t[T_DV].data + 2)
 MUT(null_v_data, a->t[T_V].data = NULL)
 MUT(null_out_data, a->t[T_O].data = NULL)
 MUT(null_dk_data, a->t[T_DK].data = NULL)
@@ -242,6 +260,10 @@ static const bad bads[] = {
     {"null dv", null_dv, FA_ERR_NULL_POINTER, OP_BWD, 0},
     {"null lse in bwd", null_lse, FA_ERR_NULL_POINTER, OP_BWD, 0},
     {"null q->data", null_q_data, FA_ERR_NULL_POINTER, OP_ALL, 0},
+    {"misaligned q->data", misaligned_q, FA_ERR_INVALID_ARGUMENT, OP_ALL, 0},
+    {"span of 2^63 elements", span_2_63, FA_ERR_OVERFLOW, OP_FB, 0},
+    {"span past PTRDIFF_MAX bytes", span_past_ptrdiff, FA_ERR_OVERFLOW, OP_WS, 0},
+    {"misaligned dv->data", misaligned_dv, FA_ERR_INVALID_ARGUMENT, OP_BWD, 0},
     {"null v->data", null_v_data, FA_ERR_NULL_POINTER, OP_ALL, 0},
     {"null out->data", null_out_data, FA_ERR_NULL_POINTER, OP_FB, 0},
     {"null dk->data", null_dk_data, FA_ERR_NULL_POINTER, OP_BWD, 0},
