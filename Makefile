@@ -49,9 +49,11 @@ test: build venv
 check-pip: deps
 	scripts/check_pip_install.sh
 
-# The CPU tests again under AddressSanitizer and UBSan (CI runs this after `make test`).
+# The CPU tests again under AddressSanitizer and UBSan (CI runs this after `make test`), CPU
+# only: the CUDA kernels get compute-sanitizer on the GPU (bench/gpu.sh, stage sanitize).
 test-asan: deps
-	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLASHATTN_SANITIZE=ON $(CMAKE_ARGS)
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLASHATTN_SANITIZE=ON \
+	  -DFLASHATTN_WITH_CUDA=OFF $(CMAKE_ARGS)
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	scripts/run_tests.sh $(ASAN_BUILD) asan
 
