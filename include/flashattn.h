@@ -75,14 +75,15 @@ extern "C" {
 #define FA_API
 #endif
 
-/* 0.2.1: fa_params version 2 (dropout, FP8 descales), appended: callers built with the
+/* 0.2.2: fa_allocator version 2 (own_max_bytes), appended.
+   0.2.1: fa_params version 2 (dropout, FP8 descales), appended: callers built with the
    0.2 header keep working.
    0.2.0: fa_params starts with struct_size and version, and fa_params_default() moved into
    this header (an ABI change: rebuild callers; the shared library's soname is
    libflashattn.so.0.2). */
 #define FA_VERSION_MAJOR 0
 #define FA_VERSION_MINOR 2
-#define FA_VERSION_PATCH 1
+#define FA_VERSION_PATCH 2
 
 /* Largest head dimension any backend accepts (the CUDA backend accepts a fixed subset). */
 #define FA_MAX_HEAD_DIM 256
@@ -417,18 +418,26 @@ FA_API fa_status fa_context_set_device(fa_context *ctx, int device);
  * the context's own buffer. struct_size must be sizeof(fa_allocator) of the caller's header
  * (FA_ERR_INVALID_ARGUMENT when it is smaller than the first version's); alloc and release
  * are required (FA_ERR_NULL_POINTER).
+ * own_max_bytes (version 2): a call made outside CUDA-graph capture whose workspace needs at
+ * most this many bytes uses the context's own buffer instead, which skips the allocator's
+ * round trip and keeps the counters that kernels leave zero known zero (no clearing launch
+ * per call: the decode's split counters); the buffer then stays allocated, up to this size,
+ * until the context is destroyed. 0 (and a version-1 struct): every call asks the allocator.
  * CUDA graphs: a call captured with an allocator takes its workspace from it (cudaMallocAsync
  * and PyTorch's allocator are legal under capture). Without one, a captured call uses the
  * context's own buffer as it stands: it fails with FA_ERR_WORKSPACE when the buffer would have
  * to grow (make the same call once before the capture), and the graph keeps using the buffer,
  * so replays must not overlap other work of the context, and the buffer must not be replaced
  * (a later call that needs more, fa_context_destroy) while the graph is replayed.
+ * Streams: the own buffer is safe across fa_context_set_stream: a call on another stream
+ * first waits (on the GPU, not the host) for the buffer's last use outside capture.
  */
 typedef struct fa_allocator {
     size_t struct_size;
     void *(*alloc)(void *user, size_t bytes, void *stream);
     void (*release)(void *user, void *ptr, size_t bytes, void *stream);
     void *user;
+    size_t own_max_bytes; /* version 2 */
 } fa_allocator;
 FA_API fa_status fa_context_set_allocator(fa_context *ctx, const fa_allocator *a);
 /*

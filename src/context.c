@@ -200,6 +200,7 @@ fa_status fa_context_create(fa_context **out, fa_backend backend) {
 void fa_context_destroy(fa_context *ctx) {
     if (!ctx) return;
     if (t_busy_ctx == ctx) t_busy_ctx = NULL;
+    if (ctx->ops->fence_free) ctx->ops->fence_free(ctx);
     if (ctx->own_ws) ctx->ops->ws_free(ctx->own_ws, ctx->own_ws_device);
     if (ctx->ops->ctx_free) ctx->ops->ctx_free(ctx);
     free(ctx);
@@ -231,8 +232,9 @@ fa_status fa_context_set_threads(fa_context *ctx, int threads) {
 }
 
 static fa_status ctx_set_stream(fa_context *ctx, void *stream) {
+    /* the own buffer's next use on this stream waits for its last use on the old one (the
+       fence), so what that left zero stays known zero */
     ctx->stream = stream;
-    ctx->ws_zero_bytes = 0; /* work on the old stream may still be using it */
     return FA_OK;
 }
 
@@ -289,8 +291,10 @@ fa_status fa_context_set_device(fa_context *ctx, int device) {
     GUARDED("fa_context_set_device", ctx_set_device(ctx, device));
 }
 
-/* The first version of fa_allocator ends with `user`; later ones may add fields after it. */
+/* The first version of fa_allocator ends with `user`; the second adds own_max_bytes. A
+   struct_size between two versions' sizes is read as the smaller one. */
 #define FA_ALLOCATOR_V1_SIZE (offsetof(fa_allocator, user) + sizeof(void *))
+#define FA_ALLOCATOR_V2_SIZE (offsetof(fa_allocator, own_max_bytes) + sizeof(size_t))
 
 static fa_status ctx_set_allocator(fa_context *ctx, const fa_allocator *a) {
     if (!a) {
@@ -305,7 +309,9 @@ static fa_status ctx_set_allocator(fa_context *ctx, const fa_allocator *a) {
     if (!a->alloc || !a->release)
         return fa_fail(ctx, FA_ERR_NULL_POINTER, "fa_context_set_allocator: %s is NULL",
                        a->alloc ? "release" : "alloc");
-    memcpy(&ctx->alloc, a, FA_ALLOCATOR_V1_SIZE);
+    memset(&ctx->alloc, 0, sizeof ctx->alloc);
+    memcpy(&ctx->alloc, a, a->struct_size >= FA_ALLOCATOR_V2_SIZE ? FA_ALLOCATOR_V2_SIZE
+                                                                  : FA_ALLOCATOR_V1_SIZE);
     ctx->alloc.struct_size = sizeof ctx->alloc;
     return FA_OK;
 }

@@ -583,9 +583,9 @@ typedef enum { WS_NONE, WS_USER, WS_LENT, WS_OWN } ws_source;
 /* The context's own buffer, grown (or moved to the call's device) when too small. Growing
    frees and allocates device memory, which a stream being captured into a CUDA graph forbids:
    then the call fails and says how to avoid it. */
-static fa_status own_workspace(fa_context *ctx, const char *fn, size_t need) {
+static fa_status own_workspace(fa_context *ctx, const char *fn, size_t need, int capturing) {
     if (need <= ctx->own_ws_bytes && ctx->own_ws_device == ctx->call_device) return FA_OK;
-    if (ctx->ops->capturing && ctx->ops->capturing(ctx)) {
+    if (capturing) {
         const int moved = ctx->own_ws && ctx->own_ws_device != ctx->call_device;
         return fa_fail(ctx, FA_ERR_WORKSPACE,
                        "%s: needs %zu bytes of workspace and the context's own buffer (%zu "
@@ -595,6 +595,8 @@ static fa_status own_workspace(fa_context *ctx, const char *fn, size_t need) {
                        fn, need, ctx->own_ws_bytes, moved ? ", on another device" : "");
     }
     ctx->ws_zero_bytes = 0;
+    /* freeing device memory waits for the work that uses it: the fence has no more to say */
+    if (ctx->ops->fence_free) ctx->ops->fence_free(ctx);
     if (ctx->own_ws) ctx->ops->ws_free(ctx->own_ws, ctx->own_ws_device);
     ctx->own_ws = NULL;
     ctx->own_ws_bytes = 0;
@@ -610,10 +612,10 @@ static fa_status own_workspace(fa_context *ctx, const char *fn, size_t need) {
     return FA_OK;
 }
 
-/* The workspace for a call: the user's if set (and large enough), else the allocator's, else
-   the context's own. */
-static fa_status workspace(fa_context *ctx, const char *fn, size_t need, void **ws, size_t *bytes,
-                           ws_source *src) {
+/* The workspace for a call: the user's if set (and large enough), else the allocator's
+   (outside capture only past its own_max_bytes), else the context's own. */
+static fa_status workspace(fa_context *ctx, const char *fn, size_t need, int capturing,
+                           void **ws, size_t *bytes, ws_source *src) {
     if (ctx->user_ws) {
         if (need > ctx->user_ws_bytes)
             return fa_fail(ctx, FA_ERR_WORKSPACE, "%s: needs %zu bytes of workspace, got %zu", fn,
@@ -623,7 +625,7 @@ static fa_status workspace(fa_context *ctx, const char *fn, size_t need, void **
         *src = WS_USER;
         return FA_OK;
     }
-    if (ctx->alloc.alloc) {
+    if (ctx->alloc.alloc && (capturing || need > ctx->alloc.own_max_bytes)) {
         *ws = ctx->alloc.alloc(ctx->alloc.user, need, ctx->stream);
         if (!*ws)
             return fa_fail(ctx, FA_ERR_OUT_OF_MEMORY,
@@ -633,7 +635,9 @@ static fa_status workspace(fa_context *ctx, const char *fn, size_t need, void **
         *src = WS_LENT;
         return FA_OK;
     }
-    FA_TRY(own_workspace(ctx, fn, need));
+    FA_TRY(own_workspace(ctx, fn, need, capturing));
+    /* outside capture the buffer is ordered after its last use on another stream */
+    if (!capturing && ctx->ops->fence_wait) FA_TRY(ctx->ops->fence_wait(ctx, fn));
     *ws = ctx->own_ws;
     *bytes = ctx->own_ws_bytes;
     *src = WS_OWN;
@@ -720,18 +724,23 @@ static fa_status finish(fa_call *c, const fa_problem *pr, fa_ws_entry ws_entry,
     void *ws = NULL;
     size_t ws_bytes = 0;
     ws_source src = WS_NONE;
-    if (need) FA_TRY(workspace(ctx, c->fn, need, &ws, &ws_bytes, &src));
+    const int capturing = need && ctx->ops->capturing && ctx->ops->capturing(ctx);
+    if (need) FA_TRY(workspace(ctx, c->fn, need, capturing, &ws, &ws_bytes, &src));
     /* the user's and the allocator's memory may change between calls, and replays of a graph
        that captured a call on the own buffer write it behind the context's back; any call may
        write anywhere in its workspace unless it renews the range */
-    if (src == WS_OWN && ctx->ops->capturing && ctx->ops->capturing(ctx)) ctx->own_ws_graphed = 1;
+    if (src == WS_OWN && capturing) ctx->own_ws_graphed = 1;
     const int know_zero = src == WS_OWN && !ctx->own_ws_graphed;
     if (!know_zero) ctx->ws_zero_bytes = 0;
     ctx->ws_zero_set = 0;
-    const fa_status st = run_entry(ctx, pr, ws, ws_bytes);
+    fa_status st = run_entry(ctx, pr, ws, ws_bytes);
     if (!ctx->ws_zero_set || !know_zero) ctx->ws_zero_bytes = 0;
     /* stream-ordered: work queued on ctx->stream may still use it (fa_allocator) */
     if (src == WS_LENT) ctx->alloc.release(ctx->alloc.user, ws, need, ctx->stream);
+    if (src == WS_OWN && !capturing && ctx->ops->fence_record) {
+        const fa_status fs = ctx->ops->fence_record(ctx, c->fn);
+        if (st == FA_OK) st = fs;
+    }
     FA_TRY(st);
     fa_call_done(ctx);
     return FA_OK;

@@ -300,6 +300,12 @@ struct fa_context {
     int own_ws_device; /* the call_device own_ws was allocated on */
     int own_ws_graphed; /* a call on own_ws was captured into a CUDA graph, whose replays write
                            it unseen: no bytes of it are known zero from then on */
+    /* CUDA: an event recorded after the last call that used own_ws outside capture, on
+       own_ws_stream. A call on another stream waits for it first: kernels of the earlier
+       stream may still be using the buffer (and the bytes it left zero stay known zero).
+       NULL: none recorded since the buffer was allocated. */
+    void *own_ws_fence;
+    void *own_ws_stream;
     /* Bytes [ws_zero_off, + ws_zero_bytes) of own_ws that the last call left zero (the CUDA
        decode's split counters and the Hopper forward's tile counter, which their kernels set
        back to zero), so that the next call need not clear them (a memset launch per call:
@@ -375,6 +381,12 @@ typedef struct fa_backend_ops {
     /* 1 when the context's stream is being captured into a CUDA graph, where nothing may be
        allocated, freed or waited for. */
     int (*capturing)(const fa_context *ctx);
+    /* The own buffer's fence (ctx->own_ws_fence): fence_wait orders ctx->stream after it (a
+       no-op when the stream is the one it was recorded on), fence_record records it on
+       ctx->stream after a call queued its work, fence_free destroys it. NULL on the CPU. */
+    fa_status (*fence_wait)(fa_context *ctx, const char *fn);
+    fa_status (*fence_record)(fa_context *ctx, const char *fn);
+    void (*fence_free)(fa_context *ctx);
 } fa_backend_ops;
 
 extern const fa_backend_ops fa_cpu_backend;

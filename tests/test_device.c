@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -98,7 +99,8 @@ static void ca_release(void *user, void *ptr, size_t bytes, void *stream) {
 }
 
 static fa_allocator allocator_of(count_alloc *a) {
-    fa_allocator al = {sizeof al, ca_alloc, ca_release, a};
+    fa_allocator al = {.struct_size = sizeof al, .alloc = ca_alloc, .release = ca_release,
+                       .user = a};
     return al;
 }
 
@@ -287,9 +289,9 @@ static void cpu_allocator(void **state) {
     cpu_run_all(ctx, &s, &kv);
     assert_int_equal(ca.allocs, 4);
 
-    /* struct_size: smaller than the first version is refused, a later (larger) one taken */
+    /* struct_size: smaller than the first version's is refused, a later (larger) one taken */
     fa_allocator small = al;
-    small.struct_size = sizeof small - 1;
+    small.struct_size = offsetof(fa_allocator, user) + sizeof(void *) - 1;
     expect_status(ctx, fa_context_set_allocator(ctx, &small), FA_ERR_INVALID_ARGUMENT,
                   "struct_size", "short struct_size");
     struct {
@@ -301,6 +303,26 @@ static void cpu_allocator(void **state) {
     cpu_run_all(ctx, &s, &kv);
     assert_int_equal(ca.allocs, 7);
     assert_int_equal(ca.releases, 6); /* the failed alloc had nothing to release */
+    /* version 2: calls whose workspace fits in own_max_bytes keep to the own buffer (the CPU
+       never captures), larger ones still ask the allocator; a version-1 struct_size leaves
+       own_max_bytes unread */
+    const int before = ca.allocs;
+    fa_allocator fits = al;
+    fits.own_max_bytes = want[2];
+    assert_int_equal(fa_context_set_allocator(ctx, &fits), FA_OK);
+    FA_OK_OR_FAIL(ctx, fa_fwd_kvcache(ctx, &kv.q.t, &kv.cache, NULL, NULL, NULL, 4, &kv.o.t, NULL));
+    assert_int_equal(ca.allocs, before);
+    if (!same_bytes(&kv.o, &kv_own.o)) fail_msg("kvcache out on the own buffer (own_max_bytes)");
+    fits.own_max_bytes = want[2] - 1;
+    assert_int_equal(fa_context_set_allocator(ctx, &fits), FA_OK);
+    FA_OK_OR_FAIL(ctx, fa_fwd_kvcache(ctx, &kv.q.t, &kv.cache, NULL, NULL, NULL, 4, &kv.o.t, NULL));
+    assert_int_equal(ca.allocs, before + 1);
+    fits.own_max_bytes = (size_t)-1;
+    fits.struct_size = offsetof(fa_allocator, user) + sizeof(void *);
+    assert_int_equal(fa_context_set_allocator(ctx, &fits), FA_OK);
+    FA_OK_OR_FAIL(ctx, fa_fwd_kvcache(ctx, &kv.q.t, &kv.cache, NULL, NULL, NULL, 4, &kv.o.t, NULL));
+    assert_int_equal(ca.allocs, before + 2);
+    assert_int_equal(ca.releases, before + 1);
     fa_allocator no_alloc = al;
     no_alloc.alloc = NULL;
     expect_status(ctx, fa_context_set_allocator(ctx, &no_alloc), FA_ERR_NULL_POINTER, "alloc",
@@ -1136,6 +1158,91 @@ static void cuda_capture_own_buffer(void **state) {
     CK(cudaStreamDestroy(st));
 }
 
+/* An allocator with own_max_bytes: eager calls keep to the own buffer (no allocation),
+   captured ones take the allocator's memory, and replays equal the eager results. */
+static void cuda_capture_own_max(void **state) {
+    (void)state;
+    tk_rng r;
+    tk_rng_init(&r, tk_seed() ^ 0x6f6d6178);
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    gset g;
+    g_init(&g, &r);
+    fa_context *ctx = cuda_ctx(st, FA_DEVICE_CHECKS_ASYNC);
+    count_alloc ca = {0};
+    ca.device = 1;
+    fa_allocator al = allocator_of(&ca);
+    al.own_max_bytes = (size_t)1 << 30;
+    assert_int_equal(fa_context_set_allocator(ctx, &al), FA_OK);
+    g_prepare(&g);
+    g_run(ctx, &g);
+    CK(cudaStreamSynchronize(st));
+    assert_int_equal(ca.allocs, 0);
+    capture_and_replay(ctx, st, &g, "captured with an allocator past own_max_bytes");
+    if (ca.allocs == 0 || ca.allocs != ca.releases || ca.mismatched)
+        fail_msg("allocator: %d allocs, %d releases, %d mismatched", ca.allocs, ca.releases,
+                 ca.mismatched);
+    fa_context_destroy(ctx);
+    g_free(&g);
+    CK(cudaStreamDestroy(st));
+}
+
+/* Holds its stream until *flag is set (a host function: the stream's later work waits). */
+static void CUDART_CB hold_stream(void *flag) {
+    while (!__atomic_load_n((int *)flag, __ATOMIC_ACQUIRE)) {
+    }
+}
+
+/* The own buffer across streams: a call on stream B after one on stream A (held back, so its
+   kernels have not run) must wait for A's (the fence); without it both would share the
+   buffer's split partials and counters at once. Then both results are right. */
+static void cuda_own_buffer_streams(void **state) {
+    (void)state;
+    tk_rng r;
+    tk_rng_init(&r, tk_seed() ^ 0x66656e63);
+    cudaStream_t a, b;
+    CK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+    kvset kc, kp;
+    kv_init(&kc, 0, &r);
+    kv_init(&kp, 1, &r);
+    fa_context *ctx = cuda_ctx(a, FA_DEVICE_CHECKS_ASYNC);
+    /* the buffer grown for both calls (growing frees memory, which would wait for the held
+       stream), its fence on a */
+    FA_OK_OR_FAIL(ctx, kv_call(ctx, &kc, 3));
+    FA_OK_OR_FAIL(ctx, kv_call(ctx, &kp, 3));
+    CK(cudaStreamSynchronize(a));
+    kv_restore(&kc);
+    kv_restore(&kp);
+    int flag = 0;
+    CK(cudaLaunchHostFunc(a, hold_stream, &flag));
+    FA_OK_OR_FAIL(ctx, kv_call(ctx, &kc, 3));
+    assert_int_equal(fa_context_set_stream(ctx, b), FA_OK);
+    FA_OK_OR_FAIL(ctx, kv_call(ctx, &kp, 3));
+    cudaEvent_t done;
+    CK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    CK(cudaEventRecord(done, b));
+    struct timespec pause = {0, 20 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+    const cudaError_t q = cudaEventQuery(done);
+    __atomic_store_n(&flag, 1, __ATOMIC_RELEASE);
+    CK(cudaStreamSynchronize(a));
+    CK(cudaStreamSynchronize(b));
+    if (q != cudaErrorNotReady)
+        fail_msg("the call on stream b finished while stream a, which used the buffer before "
+                 "it, was held (cudaEventQuery: %s)",
+                 cudaGetErrorString(q));
+    assert_int_equal(fa_context_check(ctx), FA_OK);
+    kv_expect_reference(&kc, "own buffer, stream a");
+    kv_expect_reference(&kp, "own buffer, stream b after a");
+    CK(cudaEventDestroy(done));
+    fa_context_destroy(ctx);
+    kv_free(&kc);
+    kv_free(&kp);
+    CK(cudaStreamDestroy(a));
+    CK(cudaStreamDestroy(b));
+}
+
 /* Ends a capture that must still be valid, and drops its graph. */
 static void end_valid_capture(cudaStream_t st, const char *what) {
     cudaGraph_t graph = NULL;
@@ -1271,7 +1378,8 @@ int main(int argc, char **argv) {
         const struct CMUnitTest tests[] = {
             cmocka_unit_test(cuda_kvcache_async),     cmocka_unit_test(cuda_varlen_async),
             cmocka_unit_test(cuda_sync_checks),       cmocka_unit_test(cuda_capture_allocator),
-            cmocka_unit_test(cuda_capture_own_buffer), cmocka_unit_test(cuda_capture_refusals),
+            cmocka_unit_test(cuda_capture_own_buffer), cmocka_unit_test(cuda_capture_own_max),
+            cmocka_unit_test(cuda_own_buffer_streams), cmocka_unit_test(cuda_capture_refusals),
             cmocka_unit_test(cuda_set_device),
         };
         return _cmocka_run_group_tests("device_cuda", tests, sizeof tests / sizeof *tests, NULL,

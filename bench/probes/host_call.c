@@ -102,7 +102,7 @@ int main(void) {
             if (mode == 1) fa_context_set_workspace(c, pool_p, 1 << 22);
             if (mode >= 2) {
                 fa_allocator a = {sizeof a, mode == 2 ? cb_alloc : pool_alloc,
-                                  mode == 2 ? cb_free : pool_free, NULL};
+                                  mode == 2 ? cb_free : pool_free, NULL, 0};
                 fa_context_set_allocator(c, &a);
             }
             const double t10 = host_us(st, 10, runs[call], c);

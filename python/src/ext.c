@@ -37,6 +37,8 @@ static struct {
 /* ---- contexts: one per thread and device (0: CPU, 1 + i: CUDA device i) ---- */
 
 #define MAX_SLOTS 65
+/* fa_allocator.own_max_bytes of the contexts: what a thread keeps per device at most */
+#define EXT_OWN_MAX_BYTES ((size_t)8 << 20)
 
 typedef struct thread_state {
     fa_context *ctx[MAX_SLOTS];
@@ -126,7 +128,11 @@ static fa_context *context_for(int device, void *stream) {
         if (device >= 0) {
             st = fa_context_set_device(c, device);
             if (st == FA_OK && G.raw_alloc) {
-                const fa_allocator a = {sizeof a, torch_alloc, torch_release, NULL};
+                /* small workspaces (the decode's split partials and counters) outside
+                   capture stay in the context's own buffer: no Python round trip to torch's
+                   allocator and no clearing launch per call (docs/perf/python_door.md, P4) */
+                const fa_allocator a = {sizeof a, torch_alloc, torch_release, NULL,
+                                        EXT_OWN_MAX_BYTES};
                 st = fa_context_set_allocator(c, &a);
             }
             if (st != FA_OK) {

@@ -570,6 +570,51 @@ static void cuda_leave(int saved) {
     if (saved >= 0) cudaSetDevice(saved);
 }
 
+/* The own buffer's fence (internal.h, own_ws_fence). Work of the call is queued on the
+   buffer's device, which is current during the call, so the event lives there too. */
+static fa_status cuda_fence_wait(fa_context *ctx, const char *fn) {
+    if (!ctx->own_ws_fence || ctx->own_ws_stream == ctx->stream) return FA_OK;
+    const cudaError_t e = cudaStreamWaitEvent((cudaStream_t)ctx->stream,
+                                              (cudaEvent_t)ctx->own_ws_fence, 0);
+    if (e == cudaSuccess) return FA_OK;
+    cudaGetLastError();
+    return fa_fail(ctx, FA_ERR_CUDA,
+                   "%s: cannot order the stream after the workspace's last use on another "
+                   "stream: %s",
+                   fn, cudaGetErrorString(e));
+}
+
+static fa_status cuda_fence_record(fa_context *ctx, const char *fn) {
+    cudaError_t e = cudaSuccess;
+    if (!ctx->own_ws_fence) {
+        cudaEvent_t ev = NULL;
+        e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+        if (e == cudaSuccess) ctx->own_ws_fence = ev;
+    }
+    if (e == cudaSuccess)
+        e = cudaEventRecord((cudaEvent_t)ctx->own_ws_fence, (cudaStream_t)ctx->stream);
+    if (e == cudaSuccess) {
+        ctx->own_ws_stream = ctx->stream;
+        return FA_OK;
+    }
+    cudaGetLastError();
+    return fa_fail(ctx, FA_ERR_CUDA, "%s: cannot record the workspace's last use: %s", fn,
+                   cudaGetErrorString(e));
+}
+
+static void cuda_fence_free(fa_context *ctx) {
+    if (!ctx->own_ws_fence) return;
+    int cur = -1;
+    const int dev = ctx->own_ws_device;
+    const int other = cudaGetDevice(&cur) == cudaSuccess && dev >= 0 && dev != cur &&
+                      cudaSetDevice(dev) == cudaSuccess;
+    cudaEventDestroy((cudaEvent_t)ctx->own_ws_fence);
+    if (other) cudaSetDevice(cur);
+    cudaGetLastError();
+    ctx->own_ws_fence = NULL;
+    ctx->own_ws_stream = NULL;
+}
+
 static const fa_backend_ops cuda_ops = {
     .name = "cuda",
     .fwd_workspace = cuda_fwd_workspace,
@@ -587,6 +632,9 @@ static const fa_backend_ops cuda_ops = {
     .enter = cuda_enter,
     .leave = cuda_leave,
     .capturing = cuda_capturing,
+    .fence_wait = cuda_fence_wait,
+    .fence_record = cuda_fence_record,
+    .fence_free = cuda_fence_free,
 };
 
 int fa_has_cuda(void) { return 1; }
