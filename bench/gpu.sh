@@ -24,6 +24,9 @@
 #                           loop, CUDA-graph and kernel µs per call of flash_attn_func /
 #                           flash_attn_with_kvcache against SDPA cuDNN and flash (door.md,
 #                           door.json; about 90 s; not in the default: STAGES="build door")
+#   CTEST_ARGS  extra ctest options for the test stage (e.g. "-L gpu|python": the GPU entries
+#               and the Python tests only, when the CPU levels ran elsewhere)
+#   TEST_TIMEOUT  the test stage's limit in seconds (default 300)
 #   SANITIZE_TESTS  the tests the sanitize stage runs (default "test_fwd test_bwd test_kvcache")
 #   SANITIZE=1  adds "sanitize" to the default stages (it is slow, and squeezed by the time kept
 #               for the bench: for a full sanitizer pass use STAGES="build sanitize")
@@ -233,7 +236,7 @@ if has_stage test || has_stage door; then
 fi
 
 if has_stage test; then
-  run_stage test 300 "$bench_reserve" 30 scripts/run_tests.sh "$BUILD" gpu
+  run_stage test "${TEST_TIMEOUT:-300}" "$bench_reserve" 30 scripts/run_tests.sh "$BUILD" gpu
   grep -E "passed, .* failed|Failed|\*\*\*" "$WORK/test.log" | tail -n 15
 fi
 

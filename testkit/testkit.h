@@ -204,6 +204,8 @@ void tk_device_free(tk_buf *b);
 /* Device copy of a small host array (ALiBi slopes, cu_seqlens); NULL on failure. */
 void *tk_device_copy_array(const void *host, size_t bytes);
 void tk_device_free_array(void *p);
+/* Copies `bytes` of device memory at dev into host; 0 on success. */
+int tk_device_read_array(void *host, const void *dev, size_t bytes);
 /* The view of b with its data pointer moved to the device mirror. */
 fa_tensor tk_device_view(const tk_buf *b);
 

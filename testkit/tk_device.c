@@ -55,6 +55,10 @@ void tk_device_free_array(void *p) {
     if (p) cudaFree(p);
 }
 
+int tk_device_read_array(void *host, const void *dev, size_t bytes) {
+    return cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : 1;
+}
+
 #else /* no device support compiled in */
 
 int tk_device_available(void) { return 0; }
@@ -63,6 +67,10 @@ int tk_device_download(tk_buf *b) { (void)b; return 1; }
 void tk_device_free(tk_buf *b) { b->dev = NULL; }
 void *tk_device_copy_array(const void *host, size_t bytes) { (void)host; (void)bytes; return NULL; }
 void tk_device_free_array(void *p) { (void)p; }
+int tk_device_read_array(void *host, const void *dev, size_t bytes) {
+    (void)host, (void)dev, (void)bytes;
+    return 1;
+}
 
 #endif
 

@@ -94,11 +94,35 @@ static void from_dt(fa_dtype dt, const void *b, double *x, int64_t n) {
     }
 }
 
+/* `test_special cuda`: the huge-magnitude cases on the CUDA kernels (f16 and bf16, head dims
+   they take), the float64 reference still on the CPU. */
+static int g_cuda;
+
 static fa_context *ctx_new(fa_algo algo) {
     fa_context *c = NULL;
-    assert_int_equal(fa_context_create(&c, FA_BACKEND_CPU), FA_OK);
+    const int cuda = g_cuda && algo != FA_ALGO_NAIVE;
+    assert_int_equal(fa_context_create(&c, cuda ? FA_BACKEND_CUDA : FA_BACKEND_CPU), FA_OK);
     assert_int_equal(fa_context_set_algo(c, algo), FA_OK);
     return c;
+}
+
+/* Where a call of algo reads its buffers: a device copy of host's `bytes` under CUDA, else
+   host itself; unmirror copies a device buffer back into host and frees it. */
+static void *mirror(fa_algo algo, void *host, size_t bytes) {
+    if (!g_cuda || algo == FA_ALGO_NAIVE) return host;
+    void *d = tk_device_copy_array(host, bytes);
+    assert_non_null(d);
+    return d;
+}
+
+static void unmirror(void *host, void *p, size_t bytes) {
+    if (p == host) return;
+    assert_int_equal(tk_device_read_array(host, p, bytes), 0);
+    tk_device_free_array(p);
+}
+
+static fa_device where(fa_algo algo) {
+    return g_cuda && algo != FA_ALGO_NAIVE ? FA_DEVICE_CUDA : FA_DEVICE_CPU;
 }
 
 /* Forward (bwd 1: then the backward from its O and LSE) of p under params; the reference
@@ -107,30 +131,40 @@ static void run(prob *p, fa_algo algo, const fa_params *prm, int bwd) {
     fa_context *c = ctx_new(algo);
     const fa_dtype dt = algo == FA_ALGO_NAIVE ? FA_DTYPE_F64 : p->dt;
     const fa_dtype lt = algo == FA_ALGO_NAIVE ? FA_DTYPE_F64 : FA_DTYPE_F32;
+    const fa_device dev = where(algo);
     const int64_t sq = p->sq, sk = p->sk, d = p->d;
+    const size_t es = fa_dtype_size(dt), nq = (size_t)(sq * d) * es, nk = (size_t)(sk * d) * es;
     void *q = to_dt(dt, p->q, sq * d), *k = to_dt(dt, p->k, sk * d), *v = to_dt(dt, p->v, sk * d);
     void *o = to_dt(dt, p->o, sq * d), *lse = malloc((size_t)sq * 8);
-    fa_tensor tq = fa_tensor_bshd(q, dt, FA_DEVICE_CPU, 1, sq, 1, d);
-    fa_tensor tk = fa_tensor_bshd(k, dt, FA_DEVICE_CPU, 1, sk, 1, d);
-    fa_tensor tv = fa_tensor_bshd(v, dt, FA_DEVICE_CPU, 1, sk, 1, d);
-    fa_tensor to = fa_tensor_bshd(o, dt, FA_DEVICE_CPU, 1, sq, 1, d);
-    fa_tensor tl = fa_tensor_3d(lse, lt, FA_DEVICE_CPU, 1, 1, sq);
+    void *mq = mirror(algo, q, nq), *mk = mirror(algo, k, nk), *mv = mirror(algo, v, nk);
+    void *mo = mirror(algo, o, nq), *ml = mirror(algo, lse, (size_t)sq * 8);
+    fa_tensor tq = fa_tensor_bshd(mq, dt, dev, 1, sq, 1, d);
+    fa_tensor tk = fa_tensor_bshd(mk, dt, dev, 1, sk, 1, d);
+    fa_tensor tv = fa_tensor_bshd(mv, dt, dev, 1, sk, 1, d);
+    fa_tensor to = fa_tensor_bshd(mo, dt, dev, 1, sq, 1, d);
+    fa_tensor tl = fa_tensor_3d(ml, lt, dev, 1, 1, sq);
     assert_int_equal(fa_fwd(c, &tq, &tk, &tv, prm, &to, &tl), FA_OK);
-    from_dt(dt, o, p->o, sq * d);
-    from_dt(lt, lse, p->lse, sq);
     if (bwd) {
-        void *dout = to_dt(dt, p->dout, sq * d), *dq = malloc((size_t)(sq * d) * 8 + 1);
-        void *dk = malloc((size_t)(sk * d) * 8 + 1), *dv = malloc((size_t)(sk * d) * 8 + 1);
-        fa_tensor tdo = fa_tensor_bshd(dout, dt, FA_DEVICE_CPU, 1, sq, 1, d);
-        fa_tensor tdq = fa_tensor_bshd(dq, dt, FA_DEVICE_CPU, 1, sq, 1, d);
-        fa_tensor tdk = fa_tensor_bshd(dk, dt, FA_DEVICE_CPU, 1, sk, 1, d);
-        fa_tensor tdv = fa_tensor_bshd(dv, dt, FA_DEVICE_CPU, 1, sk, 1, d);
+        void *dout = to_dt(dt, p->dout, sq * d), *dq = malloc(nq + 1);
+        void *dk = malloc(nk + 1), *dv = malloc(nk + 1);
+        void *mdo = mirror(algo, dout, nq), *mdq = mirror(algo, dq, nq);
+        void *mdk = mirror(algo, dk, nk), *mdv = mirror(algo, dv, nk);
+        fa_tensor tdo = fa_tensor_bshd(mdo, dt, dev, 1, sq, 1, d);
+        fa_tensor tdq = fa_tensor_bshd(mdq, dt, dev, 1, sq, 1, d);
+        fa_tensor tdk = fa_tensor_bshd(mdk, dt, dev, 1, sk, 1, d);
+        fa_tensor tdv = fa_tensor_bshd(mdv, dt, dev, 1, sk, 1, d);
         assert_int_equal(fa_bwd(c, &tq, &tk, &tv, &to, &tdo, &tl, prm, &tdq, &tdk, &tdv), FA_OK);
+        unmirror(dout, mdo, nq), unmirror(dq, mdq, nq), unmirror(dk, mdk, nk);
+        unmirror(dv, mdv, nk);
         from_dt(dt, dq, p->dq, sq * d);
         from_dt(dt, dk, p->dk, sk * d);
         from_dt(dt, dv, p->dv, sk * d);
         free(dout), free(dq), free(dk), free(dv);
     }
+    unmirror(q, mq, nq), unmirror(k, mk, nk), unmirror(v, mv, nk), unmirror(o, mo, nq);
+    unmirror(lse, ml, (size_t)sq * 8);
+    from_dt(dt, o, p->o, sq * d);
+    from_dt(lt, lse, p->lse, sq);
     free(q), free(k), free(v), free(o), free(lse);
     fa_context_destroy(c);
 }
@@ -427,22 +461,31 @@ static void visible_nan(void **state) {
 static void kv_run(fa_dtype dt, int64_t len, int64_t sq, int64_t d, const double *q,
                    const double *k, const double *v, int splits, double *o, double *lse) {
     fa_context *c = ctx_new(FA_ALGO_AUTO);
+    const fa_device dev = where(FA_ALGO_AUTO);
     const int64_t cap = len + 16;
+    const size_t es = fa_dtype_size(dt), nq = (size_t)(sq * d) * es, nc = (size_t)(cap * d) * es;
     void *bq = to_dt(dt, q, sq * d), *bk = to_dt(dt, k, cap * d), *bv = to_dt(dt, v, cap * d);
     void *bo = malloc((size_t)(sq * d) * 4 + 1);
     float *bl = malloc((size_t)sq * 4);
     int32_t seqlens[1] = {(int32_t)len};
+    void *mq = mirror(FA_ALGO_AUTO, bq, nq), *mk = mirror(FA_ALGO_AUTO, bk, nc);
+    void *mv = mirror(FA_ALGO_AUTO, bv, nc), *mo = mirror(FA_ALGO_AUTO, bo, nq);
+    void *ml = mirror(FA_ALGO_AUTO, bl, (size_t)sq * 4);
+    void *ms = mirror(FA_ALGO_AUTO, seqlens, sizeof seqlens);
     fa_kvcache kc;
     memset(&kc, 0, sizeof kc);
-    kc.k = fa_tensor_bshd(bk, dt, FA_DEVICE_CPU, 1, cap, 1, d);
-    kc.v = fa_tensor_bshd(bv, dt, FA_DEVICE_CPU, 1, cap, 1, d);
-    kc.seqlens = seqlens;
-    fa_tensor tq = fa_tensor_bshd(bq, dt, FA_DEVICE_CPU, 1, sq, 1, d);
-    fa_tensor to = fa_tensor_bshd(bo, dt, FA_DEVICE_CPU, 1, sq, 1, d);
-    fa_tensor tl = fa_tensor_3d(bl, FA_DTYPE_F32, FA_DEVICE_CPU, 1, 1, sq);
+    kc.k = fa_tensor_bshd(mk, dt, dev, 1, cap, 1, d);
+    kc.v = fa_tensor_bshd(mv, dt, dev, 1, cap, 1, d);
+    kc.seqlens = ms;
+    fa_tensor tq = fa_tensor_bshd(mq, dt, dev, 1, sq, 1, d);
+    fa_tensor to = fa_tensor_bshd(mo, dt, dev, 1, sq, 1, d);
+    fa_tensor tl = fa_tensor_3d(ml, FA_DTYPE_F32, dev, 1, 1, sq);
     fa_params prm = fa_params_default();
     prm.causal = 1;
     assert_int_equal(fa_fwd_kvcache(c, &tq, &kc, NULL, NULL, &prm, splits, &to, &tl), FA_OK);
+    unmirror(bq, mq, nq), unmirror(bk, mk, nc), unmirror(bv, mv, nc), unmirror(bo, mo, nq);
+    unmirror(bl, ml, (size_t)sq * 4), unmirror(seqlens, ms, sizeof seqlens);
+    assert_int_equal(fa_context_check(c), FA_OK);
     from_dt(dt, bo, o, sq * d);
     for (int64_t i = 0; i < sq; i++) lse[i] = bl[i];
     free(bq), free(bk), free(bv), free(bo), free(bl);
@@ -500,6 +543,60 @@ static void kvcache_special(void **state) {
             }
 }
 
+/* ---- the CUDA kernels (test_special cuda) ---- */
+
+static const int64_t cuda_ds[] = {8, 40, 64, 128, 256};
+
+static void cuda_huge_forward(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof cuda_ds / sizeof *cuda_ds; i++)
+        for (int causal = 0; causal < 2; causal++) {
+            const uint64_t s = 300 + i * 2 + (uint64_t)causal;
+            huge_case(FA_DTYPE_F16, 6e4, cuda_ds[i], causal, 0, s);
+            huge_case(FA_DTYPE_BF16, 1e5, cuda_ds[i], causal, 0, s);
+            huge_case(FA_DTYPE_BF16, 1e18, cuda_ds[i], causal, 0, s);
+        }
+}
+
+static void cuda_huge_backward(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof cuda_ds / sizeof *cuda_ds; i++)
+        for (int causal = 0; causal < 2; causal++) {
+            const uint64_t s = 400 + i * 2 + (uint64_t)causal;
+            huge_case(FA_DTYPE_F16, 6e4, cuda_ds[i], causal, 1, s);
+            huge_case(FA_DTYPE_BF16, 1e5, cuda_ds[i], causal, 1, s);
+        }
+}
+
+/* The decode kernel, split or not, on huge scores: every row finite. */
+static void cuda_huge_kvcache(void **state) {
+    (void)state;
+    static const fa_dtype dts[] = {FA_DTYPE_F16, FA_DTYPE_BF16};
+    static const double mags[] = {6e4, 1e5};
+    const int64_t len = 130, sq = 4, cap = len + 16;
+    for (size_t di = 0; di < 2; di++)
+        for (size_t i = 0; i < sizeof cuda_ds / sizeof *cuda_ds; i++)
+            for (int splits = 1; splits <= 3; splits += 2) {
+                const fa_dtype dt = dts[di];
+                const int64_t d = cuda_ds[i];
+                double *q = calloc((size_t)(sq * d), 8), *k = calloc((size_t)(cap * d), 8);
+                double *v = calloc((size_t)(cap * d), 8), *o = calloc((size_t)(sq * d), 8);
+                double lse[4];
+                tk_rng r;
+                tk_rng_init(&r, 500 + (uint64_t)d);
+                fill(q, sq * d, dt, &r, -mags[di], mags[di]);
+                fill(k, cap * d, dt, &r, -mags[di], mags[di]);
+                fill(v, cap * d, dt, &r, -1, 1);
+                kv_run(dt, len, sq, d, q, k, v, splits, o, lse);
+                for (int64_t x = 0; x < sq; x++)
+                    if (!all_finite(o + x * d, d) || !isfinite(lse[x]))
+                        fail_msg("cuda kvcache %s d %lld splits %d |Q|,|K| <= %g: row %lld not "
+                                 "finite",
+                                 dtn(dt), (long long)d, splits, mags[di], (long long)x);
+                free(q), free(k), free(v), free(o);
+            }
+}
+
 /* Whether the level this process runs is the amx one (a bf16 forward's kernel says). */
 static int runs_amx(void) {
     fa_context *c;
@@ -515,7 +612,23 @@ static int runs_amx(void) {
     return amx;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "cuda") == 0) {
+        fa_context *c = NULL;
+        if (!tk_device_available() || fa_context_create(&c, FA_BACKEND_CUDA) != FA_OK) {
+            fprintf(stderr, "test_special cuda: no CUDA device or no device support built in\n");
+            return 77;
+        }
+        fa_context_destroy(c);
+        g_cuda = 1;
+        /* Known open on the GPU (issue 42, finding 4): a NaN or Inf in a key that a row
+           cannot see still reaches it when the two share a tile (0 * NaN in the P V
+           product), so the masked cases are not run here. */
+        const struct CMUnitTest cuda[] = {cmocka_unit_test(cuda_huge_forward),
+                                          cmocka_unit_test(cuda_huge_backward),
+                                          cmocka_unit_test(cuda_huge_kvcache)};
+        return cmocka_run_group_tests(cuda, NULL, NULL);
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(huge_forward),     cmocka_unit_test(huge_backward),
         cmocka_unit_test(zeros_subnormals), cmocka_unit_test(masked_forward),

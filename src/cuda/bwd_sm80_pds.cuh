@@ -38,7 +38,7 @@ __device__ __forceinline__ void p_of(float (&sc)[MT][NT][4], const BwdArgs &a, c
 #pragma unroll
                     for (int e = 0; e < 2; e++)
                         sc[mi][ni][2 * hr + e] =
-                            fast_exp2(fmaf(sc[mi][ni][2 * hr + e], a.scale_log2, -l2));
+                            prob_exp2(sc[mi][ni][2 * hr + e], a.scale_log2, l2);
             }
         return;
     }
@@ -57,7 +57,7 @@ __device__ __forceinline__ void p_of(float (&sc)[MT][NT][4], const BwdArgs &a, c
                     const int j = jw + ni * 8 + 2 * t4 + e;
                     const float x = sc[mi][ni][2 * hr + e] * a.scale - slope * fabsf((float)(c - j));
                     sc[mi][ni][2 * hr + e] =
-                        (j >= lo && j < hi) ? fast_exp2(fmaf(x, kLog2e, -l2)) : 0.f;
+                        (j >= lo && j < hi) ? prob_exp2(x, kLog2e, l2) : 0.f;
                 }
         }
 }
@@ -111,7 +111,7 @@ __device__ __forceinline__ void p_ds(float (&sc)[MT][NT][4], float (&dp)[MT][NT]
                     const int j = jw + ni * 8 + 2 * t4 + e;
                     const float th = tanhf(sc[mi][ni][2 * hr + e] * a.softcap_inv);
                     const float x = a.softcap * th - slope * fabsf((float)(c - j));
-                    const float p = (j >= lo && j < hi) ? fast_exp2(fmaf(x, kLog2e, -l2)) : 0.f;
+                    const float p = (j >= lo && j < hi) ? prob_exp2(x, kLog2e, l2) : 0.f;
                     dp[mi][ni][2 * hr + e] = p * (dp[mi][ni][2 * hr + e] - dd) * (1.f - th * th);
                     sc[mi][ni][2 * hr + e] = p;
                 }

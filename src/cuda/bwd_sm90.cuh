@@ -168,8 +168,8 @@ __device__ __forceinline__ void p_of_t(float (&sc)[4 * NQ], const BwdArgs &a, co
             const float2 l2 = *(const float2 *)(sL + 8 * j + 2 * t4);
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
-                sc[4 * j + 2 * hr] = fast_exp2(fmaf(sc[4 * j + 2 * hr], a.scale_log2, -l2.x));
-                sc[4 * j + 2 * hr + 1] = fast_exp2(fmaf(sc[4 * j + 2 * hr + 1], a.scale_log2, -l2.y));
+                sc[4 * j + 2 * hr] = prob_exp2(sc[4 * j + 2 * hr], a.scale_log2, l2.x);
+                sc[4 * j + 2 * hr + 1] = prob_exp2(sc[4 * j + 2 * hr + 1], a.scale_log2, l2.y);
             }
         }
         return;
@@ -185,7 +185,7 @@ __device__ __forceinline__ void p_of_t(float (&sc)[4 * NQ], const BwdArgs &a, co
             for (int hr = 0; hr < 2; hr++) {
                 const int kj = k.j0 + kl0 + 8 * hr;
                 const float x = sc[4 * j + 2 * hr + e] * a.scale - slope * fabsf((float)(ci - kj));
-                sc[4 * j + 2 * hr + e] = kj >= lo && kj < hi ? fast_exp2(fmaf(x, kLog2e, -l2)) : 0.f;
+                sc[4 * j + 2 * hr + e] = kj >= lo && kj < hi ? prob_exp2(x, kLog2e, l2) : 0.f;
             }
         }
 }
@@ -358,7 +358,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_sm90_kernel(const __grid_co
                         const int kj = k.j0 + kl0 + 8 * hr, r = 4 * j + 2 * hr + e;
                         const float th = tanhf(sc[r] * a.softcap_inv);
                         const float x = a.softcap * th - slope * fabsf((float)(ci - kj));
-                        const float p = kj >= lo && kj < hi ? fast_exp2(fmaf(x, kLog2e, -l2)) : 0.f;
+                        const float p = kj >= lo && kj < hi ? prob_exp2(x, kLog2e, l2) : 0.f;
                         dp[r] = p * (dp[r] - dd) * (1.f - th * th);
                         sc[r] = p;
                     }

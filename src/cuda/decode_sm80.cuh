@@ -409,7 +409,10 @@ __global__ void __launch_bounds__(C::THREADS) decode_sm80_kernel(const __grid_co
             float mx = -INFINITY;
 #pragma unroll
             for (int j = 0; j < NT; j++) mx = fmaxf(mx, fmaxf(s[j][2 * hr], s[j][2 * hr + 1]));
-            mx = quad_max(mx) * mul;
+            /* the max in log2 units rounded up: fmaf(s, mul, -m) then rounds an exact value <= 0,
+               so no exponential exceeds 1 (to nearest, a max near 1e10 could land 512 below a
+               score: exp2 = inf, NaN rows; issue 42) */
+            mx = __fmul_ru(quad_max(mx), mul);
             const float m_new = fmaxf(m[hr], mx);
             const float m_use = m_new == -INFINITY ? 0.f : m_new;
             alpha[hr] = fast_exp2(m[hr] - m_use);

@@ -250,7 +250,10 @@ __global__ void __launch_bounds__(C::THREADS)
 #pragma unroll
                     for (int j = 0; j < NT; j++)
                         mx = fmaxf(mx, fmaxf(s[i][j][hr * 2], s[i][j][hr * 2 + 1]));
-                    mx = quad_max(mx) * mul;
+                    /* the max in log2 units rounded up: fmaf(s, mul, -m) then rounds an exact value <= 0,
+                       so no exponential exceeds 1 (to nearest, a max near 1e10 could land 512 below a
+                       score: exp2 = inf, NaN rows; issue 42) */
+                    mx = __fmul_ru(quad_max(mx), mul);
                     const float m_new = fmaxf(row_max[i][hr], mx);
                     /* a row that has seen no key yet keeps m = -inf; exp2(x - 0) of its -inf
                        scores is 0, so nothing NaN enters the sums */

@@ -474,7 +474,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             float mx = -INFINITY;
 #pragma unroll
             for (int j = 0; j < NS; j++) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]));
-            mx = quad_max(mx) * mul;
+            /* the max in log2 units rounded up: fmaf(s, mul, -m) then rounds an exact value <= 0,
+               so no exponential exceeds 1 (to nearest, a max near 1e10 could land 512 below a
+               score: exp2 = inf, NaN rows; issue 42) */
+            mx = __fmul_ru(quad_max(mx), mul);
             /* lazy: the reference max moves only when the tile's exceeds it by more than
                LAZY (log2 units), so most tiles leave O as it is (alpha 1); probabilities
                then reach 2^LAZY, which 16 bits and the fp32 sums hold */

@@ -117,6 +117,16 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
+/* A backward probability, exp2(x * mul - l2) with l2 the row's LSE in log2 units: clamped to
+   at most 1, because l2, rounded in the forward and again here, can fall below a score's
+   product by a few ulps, which for scores near 1e10 is hundreds (exp2 = inf, then NaN
+   gradients; issue 42). min.NaN keeps a NaN a NaN (fminf would turn it into 1). */
+__device__ __forceinline__ float prob_exp2(float x, float mul, float l2) {
+    float y, d = fmaf(x, mul, -l2);
+    asm("min.NaN.f32 %0, %1, 0f00000000;\n" : "=f"(y) : "f"(d));
+    return fast_exp2(y);
+}
+
 /* Reductions over the 4 lanes of a quad (the lanes that share a row of a C fragment). */
 __device__ __forceinline__ float quad_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
