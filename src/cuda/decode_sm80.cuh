@@ -409,22 +409,22 @@ __global__ void __launch_bounds__(C::THREADS) decode_sm80_kernel(const __grid_co
             float mx = -INFINITY;
 #pragma unroll
             for (int j = 0; j < NT; j++) mx = fmaxf(mx, fmaxf(s[j][2 * hr], s[j][2 * hr + 1]));
-            /* the max in log2 units rounded up: fmaf(s, mul, -m) then rounds an exact value <= 0,
-               so no exponential exceeds 1 (to nearest, a max near 1e10 could land 512 below a
-               score: exp2 = inf, NaN rows; issue 42) */
-            mx = __fmul_ru(quad_max(mx), mul);
+            mx = __fmul_ru(quad_max(mx), mul); /* rounded up: row_exp2 (ptx.cuh) */
             const float m_new = fmaxf(m[hr], mx);
             const float m_use = m_new == -INFINITY ? 0.f : m_new;
             alpha[hr] = fast_exp2(m[hr] - m_use);
             m[hr] = m_new;
             float sum = 0.f;
+            with_exact(m_use, [&](auto ex) {
+                constexpr bool EX = decltype(ex)::value;
 #pragma unroll
-            for (int j = 0; j < NT; j++) {
-                const float p0 = fast_exp2(fmaf(s[j][2 * hr], mul, -m_use));
-                const float p1 = fast_exp2(fmaf(s[j][2 * hr + 1], mul, -m_use));
-                sum += p0 + p1;
-                pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(p0, p1);
-            }
+                for (int j = 0; j < NT; j++) {
+                    const float p0 = row_exp2<EX>(s[j][2 * hr], mul, m_use);
+                    const float p1 = row_exp2<EX>(s[j][2 * hr + 1], mul, m_use);
+                    sum += p0 + p1;
+                    pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(p0, p1);
+                }
+            });
             l[hr] = l[hr] * alpha[hr] + sum;
         }
         /* the max settles after the first tiles: skip the D / 2 multiplies while it stays */

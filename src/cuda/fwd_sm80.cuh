@@ -250,10 +250,7 @@ __global__ void __launch_bounds__(C::THREADS)
 #pragma unroll
                     for (int j = 0; j < NT; j++)
                         mx = fmaxf(mx, fmaxf(s[i][j][hr * 2], s[i][j][hr * 2 + 1]));
-                    /* the max in log2 units rounded up: fmaf(s, mul, -m) then rounds an exact value <= 0,
-                       so no exponential exceeds 1 (to nearest, a max near 1e10 could land 512 below a
-                       score: exp2 = inf, NaN rows; issue 42) */
-                    mx = __fmul_ru(quad_max(mx), mul);
+                    mx = __fmul_ru(quad_max(mx), mul); /* rounded up: row_exp2 (ptx.cuh) */
                     const float m_new = fmaxf(row_max[i][hr], mx);
                     /* a row that has seen no key yet keeps m = -inf; exp2(x - 0) of its -inf
                        scores is 0, so nothing NaN enters the sums */
@@ -261,15 +258,18 @@ __global__ void __launch_bounds__(C::THREADS)
                     const float alpha = fast_exp2(row_max[i][hr] - m_use);
                     row_max[i][hr] = m_new;
                     float sum = 0.f;
+                    with_exact(m_use, [&](auto ex) {
+                        constexpr bool EX = decltype(ex)::value;
 #pragma unroll
-                    for (int j = 0; j < NT; j++) {
-                        const float p0 = fast_exp2(fmaf(s[i][j][hr * 2], mul, -m_use));
-                        const float p1 = fast_exp2(fmaf(s[i][j][hr * 2 + 1], mul, -m_use));
-                        sum += p0 + p1;
-                        /* C tile j, row half hr -> A fragment (k step j/2), register
-                           hr + 2 * (j % 2) (see ptx.cuh) */
-                        pa[i][j / 2][hr + 2 * (j % 2)] = pack2<T>(p0, p1);
-                    }
+                        for (int j = 0; j < NT; j++) {
+                            const float p0 = row_exp2<EX>(s[i][j][hr * 2], mul, m_use);
+                            const float p1 = row_exp2<EX>(s[i][j][hr * 2 + 1], mul, m_use);
+                            sum += p0 + p1;
+                            /* C tile j, row half hr -> A fragment (k step j/2), register
+                               hr + 2 * (j % 2) (see ptx.cuh) */
+                            pa[i][j / 2][hr + 2 * (j % 2)] = pack2<T>(p0, p1);
+                        }
+                    });
                     row_sum[i][hr] = row_sum[i][hr] * alpha + sum;
                     alphas[i][hr] = alpha;
                     rescale |= alpha != 1.f;

@@ -474,10 +474,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             float mx = -INFINITY;
 #pragma unroll
             for (int j = 0; j < NS; j++) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]));
-            /* the max in log2 units rounded up: fmaf(s, mul, -m) then rounds an exact value <= 0,
-               so no exponential exceeds 1 (to nearest, a max near 1e10 could land 512 below a
-               score: exp2 = inf, NaN rows; issue 42) */
-            mx = __fmul_ru(quad_max(mx), mul);
+            mx = __fmul_ru(quad_max(mx), mul); /* rounded up: row_exp2 (ptx.cuh) */
             /* lazy: the reference max moves only when the tile's exceeds it by more than
                LAZY (log2 units), so most tiles leave O as it is (alpha 1); probabilities
                then reach 2^LAZY, which 16 bits and the fp32 sums hold */
@@ -486,14 +483,17 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             alpha[hr] = fast_exp2(m[hr] - m_use);
             m[hr] = m_new;
             float sum = 0.f;
+            with_exact(m_use, [&](auto ex) {
+                constexpr bool EX = decltype(ex)::value;
 #pragma unroll
-            for (int j = 0; j < NS; j++) {
-                const float p0 = fast_exp2(fmaf(sc[4 * j + 2 * hr], mul, -m_use));
-                const float p1 = fast_exp2(fmaf(sc[4 * j + 2 * hr + 1], mul, -m_use));
-                sum += p0 + p1;
-                sc[4 * j + 2 * hr] = p0;
-                sc[4 * j + 2 * hr + 1] = p1;
-            }
+                for (int j = 0; j < NS; j++) {
+                    const float p0 = row_exp2<EX>(sc[4 * j + 2 * hr], mul, m_use);
+                    const float p1 = row_exp2<EX>(sc[4 * j + 2 * hr + 1], mul, m_use);
+                    sum += p0 + p1;
+                    sc[4 * j + 2 * hr] = p0;
+                    sc[4 * j + 2 * hr + 1] = p1;
+                }
+            });
             l[hr] = l[hr] * alpha[hr] + sum;
         }
     };
@@ -515,13 +515,16 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
             const float m_use = m[hr] == -INFINITY ? 0.f : m[hr];
+            with_exact(m_use, [&](auto ex) {
+                constexpr bool EX = decltype(ex)::value;
 #pragma unroll
-            for (int j = 0; j < NS; j++) {
-                const float p0 = fast_exp2(fmaf(sc[4 * j + 2 * hr], mul, -m_use));
-                const float p1 = fast_exp2(fmaf(sc[4 * j + 2 * hr + 1], mul, -m_use));
-                sum[hr] += p0 + p1;
-                pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(p0, p1);
-            }
+                for (int j = 0; j < NS; j++) {
+                    const float p0 = row_exp2<EX>(sc[4 * j + 2 * hr], mul, m_use);
+                    const float p1 = row_exp2<EX>(sc[4 * j + 2 * hr + 1], mul, m_use);
+                    sum[hr] += p0 + p1;
+                    pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(p0, p1);
+                }
+            });
         }
         const bool ok = sum[0] <= p_bound && sum[1] <= p_bound && m[0] != -INFINITY &&
                         m[1] != -INFINITY;

@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
                 float x = -INFINITY;
 #pragma unroll
                 for (int j = 0; j < NS; j++) x = fmaxf(x, fmaxf(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]));
-                mx[hr] = __fmul_ru(quad_max(x), mul); /* rounded up, as fwd_sm90.cuh says why */
+                mx[hr] = __fmul_ru(quad_max(x), mul); /* rounded up: row_exp2 (ptx.cuh) */
             }
             /* the max before the turn, the exponentials (from mul_t, loaded in it) in it */
             const float mul_t = bar_sync_after(my_bar, 256, mx[0] + mx[1], base + C::OFF_MUL);
@@ -242,13 +242,16 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
                     alpha[hr] = fast_exp2(m[hr] - m_use);
                     m[hr] = m_new;
                     float sum = 0.f;
+                    with_exact(m_use, [&](auto ex) {
+                        constexpr bool EX = decltype(ex)::value;
 #pragma unroll
-                    for (int j = 0; j < NE; j++) {
-                        const float p0 = fast_exp2(fmaf(sc[4 * j + 2 * hr], mul_t, -m_use));
-                        const float p1 = fast_exp2(fmaf(sc[4 * j + 2 * hr + 1], mul_t, -m_use));
-                        sum += p0 + p1;
-                        pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(p0, p1);
-                    }
+                        for (int j = 0; j < NE; j++) {
+                            const float p0 = row_exp2<EX>(sc[4 * j + 2 * hr], mul_t, m_use);
+                            const float p1 = row_exp2<EX>(sc[4 * j + 2 * hr + 1], mul_t, m_use);
+                            sum += p0 + p1;
+                            pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(p0, p1);
+                        }
+                    });
                     l[hr] = l[hr] * alpha[hr] + sum;
                 }
             };

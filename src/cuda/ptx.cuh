@@ -117,6 +117,26 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
+/* A forward probability exp2(s * mul - m), for a row max m (log2 units) formed as
+   __fmul_ru(max score, mul), so that no argument is positive. While |m| < 2^10 one fma: its
+   single rounding of a value <= 0 stays <= 0, and the max key's own term lands within an ulp
+   of m (2^-13) of 0. Past that the product is rounded up on its own first, as m was, so the
+   max key gives exactly 0: one fma against a max near 1e10 is off by up to an ulp of it,
+   1024, which makes exp2 0 for every key of the row (LSE -inf) or inf (issue 42). with_exact
+   picks the form per thread: rows past 2^10 are rare, and their branch costs nothing else. */
+constexpr float kExpFmaBelow = 1024.f;
+
+template <bool B> struct ExactExp { static constexpr bool value = B; };
+
+template <bool EXACT> __device__ __forceinline__ float row_exp2(float s, float mul, float m) {
+    return fast_exp2(EXACT ? __fmul_ru(s, mul) - m : fmaf(s, mul, -m));
+}
+
+template <class F> __device__ __forceinline__ void with_exact(float m, F &&f) {
+    if (fabsf(m) < kExpFmaBelow) f(ExactExp<false>{});
+    else f(ExactExp<true>{});
+}
+
 /* A backward probability, exp2(x * mul - l2) with l2 the row's LSE in log2 units: clamped to
    at most 1, because l2, rounded in the forward and again here, can fall below a score's
    product by a few ulps, which for scores near 1e10 is hundreds (exp2 = inf, then NaN
