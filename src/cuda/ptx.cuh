@@ -117,13 +117,14 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
-/* A forward probability exp2(s * mul - m), for a row max m (log2 units) formed as
-   __fmul_ru(max score, mul), so that no argument is positive. While |m| < 2^10 one fma: its
-   single rounding of a value <= 0 stays <= 0, and the max key's own term lands within an ulp
-   of m (2^-13) of 0. Past that the product is rounded up on its own first, as m was, so the
-   max key gives exactly 0: one fma against a max near 1e10 is off by up to an ulp of it,
-   1024, which makes exp2 0 for every key of the row (LSE -inf) or inf (issue 42). with_exact
-   picks the form per thread: rows past 2^10 are rare, and their branch costs nothing else. */
+/* A forward probability exp2(s * mul - m), for a reference max m (log2 units) formed as
+   __fmul_ru(a max score, mul), so that an argument exceeds 0 only by what the kernel's max
+   rule allows (LAZY where the reference lags the max). While |m| < 2^10 one fma: its single
+   rounding keeps that bound, and the max key's own term lands within an ulp of m (2^-13) of
+   it. Past that the product is rounded up on its own first, as m was, so the max key's term
+   is exact: one fma against a max near 1e10 is off by up to an ulp of it, 1024, which makes
+   exp2 0 for every key of the row (LSE -inf) or inf (issue 42). with_exact picks the form
+   per thread; rows past 2^10 are rare (the branch's cost: perf fwd_sm90, current state). */
 constexpr float kExpFmaBelow = 1024.f;
 
 template <bool B> struct ExactExp { static constexpr bool value = B; };
