@@ -1108,10 +1108,12 @@ static void capture_and_replay(fa_context *ctx, cudaStream_t st, gset *g, const 
     g_snapshot_free(g, eager);
 }
 
-static void cuda_capture_allocator(void **state) {
-    (void)state;
+/* Capture and replay on a context with a counting allocator. own_max_bytes > 0: eager calls
+   first, which must keep to the own buffer (no allocation); captured ones take the
+   allocator's memory either way, and replays equal the eager results. */
+static void capture_with_allocator(uint64_t tag, size_t own_max, const char *what) {
     tk_rng r;
-    tk_rng_init(&r, tk_seed() ^ 0x67726170);
+    tk_rng_init(&r, tk_seed() ^ tag);
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     gset g;
@@ -1120,15 +1122,33 @@ static void cuda_capture_allocator(void **state) {
     count_alloc ca = {0};
     ca.device = 1;
     fa_allocator al = allocator_of(&ca);
+    al.own_max_bytes = own_max;
     assert_int_equal(fa_context_set_allocator(ctx, &al), FA_OK);
-    capture_and_replay(ctx, st, &g, "captured with an allocator");
+    if (own_max) {
+        g_prepare(&g);
+        g_run(ctx, &g);
+        CK(cudaStreamSynchronize(st));
+        assert_int_equal(ca.allocs, 0);
+    }
+    capture_and_replay(ctx, st, &g, what);
     if (ca.allocs == 0 || ca.allocs != ca.releases || ca.mismatched)
         fail_msg("allocator: %d allocs, %d releases, %d mismatched", ca.allocs, ca.releases,
                  ca.mismatched);
-    assert_true(ca.stream == (void *)st);
+    if (!own_max) assert_true(ca.stream == (void *)st);
     fa_context_destroy(ctx);
     g_free(&g);
     CK(cudaStreamDestroy(st));
+}
+
+static void cuda_capture_allocator(void **state) {
+    (void)state;
+    capture_with_allocator(0x67726170, 0, "captured with an allocator");
+}
+
+static void cuda_capture_own_max(void **state) {
+    (void)state;
+    capture_with_allocator(0x6f6d6178, (size_t)1 << 30,
+                           "captured with an allocator past own_max_bytes");
 }
 
 static void cuda_capture_own_buffer(void **state) {
@@ -1153,35 +1173,6 @@ static void cuda_capture_own_buffer(void **state) {
     CK(cudaStreamSynchronize(st));
     g_compare(&g, eager, "eager calls after a capture");
     g_snapshot_free(&g, eager);
-    fa_context_destroy(ctx);
-    g_free(&g);
-    CK(cudaStreamDestroy(st));
-}
-
-/* An allocator with own_max_bytes: eager calls keep to the own buffer (no allocation),
-   captured ones take the allocator's memory, and replays equal the eager results. */
-static void cuda_capture_own_max(void **state) {
-    (void)state;
-    tk_rng r;
-    tk_rng_init(&r, tk_seed() ^ 0x6f6d6178);
-    cudaStream_t st;
-    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    gset g;
-    g_init(&g, &r);
-    fa_context *ctx = cuda_ctx(st, FA_DEVICE_CHECKS_ASYNC);
-    count_alloc ca = {0};
-    ca.device = 1;
-    fa_allocator al = allocator_of(&ca);
-    al.own_max_bytes = (size_t)1 << 30;
-    assert_int_equal(fa_context_set_allocator(ctx, &al), FA_OK);
-    g_prepare(&g);
-    g_run(ctx, &g);
-    CK(cudaStreamSynchronize(st));
-    assert_int_equal(ca.allocs, 0);
-    capture_and_replay(ctx, st, &g, "captured with an allocator past own_max_bytes");
-    if (ca.allocs == 0 || ca.allocs != ca.releases || ca.mismatched)
-        fail_msg("allocator: %d allocs, %d releases, %d mismatched", ca.allocs, ca.releases,
-                 ca.mismatched);
     fa_context_destroy(ctx);
     g_free(&g);
     CK(cudaStreamDestroy(st));

@@ -492,6 +492,22 @@ static void kv_run(fa_dtype dt, int64_t len, int64_t sq, int64_t d, const double
     fa_context_destroy(c);
 }
 
+/* Q and K uniform in +-mag (V in +-1), the cache call of `splits`: every row of O and LSE
+   finite. The draws come from r, which the caller may go on using. */
+static void kv_huge(const char *who, fa_dtype dt, double mag, int64_t len, int64_t sq, int64_t d,
+                    int splits, tk_rng *r, double *q, double *k, double *v, double *o,
+                    double *lse) {
+    const int64_t cap = len + 16;
+    fill(q, sq * d, dt, r, -mag, mag);
+    fill(k, cap * d, dt, r, -mag, mag);
+    fill(v, cap * d, dt, r, -1, 1);
+    kv_run(dt, len, sq, d, q, k, v, splits, o, lse);
+    for (int64_t i = 0; i < sq; i++)
+        if (!all_finite(o + i * d, d) || !isfinite(lse[i]))
+            fail_msg("%skvcache %s d %lld splits %d |Q|,|K| <= %g: row %lld not finite", who,
+                     dtn(dt), (long long)d, splits, mag, (long long)i);
+}
+
 static void kvcache_special(void **state) {
     (void)state;
     static const fa_dtype dts[] = {FA_DTYPE_F32, FA_DTYPE_F16, FA_DTYPE_BF16};
@@ -506,15 +522,7 @@ static void kvcache_special(void **state) {
                 double *o2 = calloc((size_t)(sq * d), 8), lse[4], lse2[4];
                 tk_rng r;
                 tk_rng_init(&r, 77 + (uint64_t)d);
-                /* huge */
-                fill(q, sq * d, dt, &r, -mags[di], mags[di]);
-                fill(k, cap * d, dt, &r, -mags[di], mags[di]);
-                fill(v, cap * d, dt, &r, -1, 1);
-                kv_run(dt, len, sq, d, q, k, v, splits, o, lse);
-                for (int64_t i = 0; i < sq; i++)
-                    if (!all_finite(o + i * d, d) || !isfinite(lse[i]))
-                        fail_msg("kvcache %s d %lld splits %d |Q|,|K| <= %g: row %lld not finite",
-                                 dtn(dt), (long long)d, splits, mags[di], (long long)i);
+                kv_huge("", dt, mags[di], len, sq, d, splits, &r, q, k, v, o, lse);
                 /* masked: rows 0..2 see keys up to 126..128; key 129 only row 3; rows past
                    the length nobody */
                 fill(q, sq * d, dt, &r, -1, 1);
@@ -584,15 +592,7 @@ static void cuda_huge_kvcache(void **state) {
                 double lse[4];
                 tk_rng r;
                 tk_rng_init(&r, 500 + (uint64_t)d);
-                fill(q, sq * d, dt, &r, -mags[di], mags[di]);
-                fill(k, cap * d, dt, &r, -mags[di], mags[di]);
-                fill(v, cap * d, dt, &r, -1, 1);
-                kv_run(dt, len, sq, d, q, k, v, splits, o, lse);
-                for (int64_t x = 0; x < sq; x++)
-                    if (!all_finite(o + x * d, d) || !isfinite(lse[x]))
-                        fail_msg("cuda kvcache %s d %lld splits %d |Q|,|K| <= %g: row %lld not "
-                                 "finite",
-                                 dtn(dt), (long long)d, splits, mags[di], (long long)x);
+                kv_huge("cuda ", dt, mags[di], len, sq, d, splits, &r, q, k, v, o, lse);
                 free(q), free(k), free(v), free(o);
             }
 }
