@@ -404,29 +404,32 @@ __global__ void __launch_bounds__(C::THREADS) decode_sm80_kernel(const __grid_co
         }
         uint32_t pa[BNW / 16][4];
         float alpha[2];
+        float m_use[2];
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
             float mx = -INFINITY;
 #pragma unroll
             for (int j = 0; j < NT; j++) mx = fmaxf(mx, fmaxf(s[j][2 * hr], s[j][2 * hr + 1]));
-            mx = __fmul_ru(quad_max(mx), mul); /* rounded up: row_exp2 (ptx.cuh) */
+            mx = __fmul_ru(quad_max(mx), mul); /* rounded up: RowExp (ptx.cuh) */
             const float m_new = fmaxf(m[hr], mx);
-            const float m_use = m_new == -INFINITY ? 0.f : m_new;
-            alpha[hr] = fast_exp2(m[hr] - m_use);
+            m_use[hr] = m_new == -INFINITY ? 0.f : m_new;
+            alpha[hr] = fast_exp2(m[hr] - m_use[hr]);
             m[hr] = m_new;
-            float sum = 0.f;
-            with_exact(m_use, [&](auto ex) {
-                constexpr bool EX = decltype(ex)::value;
+        }
+        float sum[2] = {0.f, 0.f};
+        with_row_exp(m_use, [&](auto ex) {
 #pragma unroll
-                for (int j = 0; j < NT; j++) {
-                    const float p0 = row_exp2<EX>(s[j][2 * hr], mul, m_use);
-                    const float p1 = row_exp2<EX>(s[j][2 * hr + 1], mul, m_use);
-                    sum += p0 + p1;
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++) {
+                    const float p0 = ex(hr, s[j][2 * hr], mul, m_use[hr]);
+                    const float p1 = ex(hr, s[j][2 * hr + 1], mul, m_use[hr]);
+                    sum[hr] += p0 + p1;
                     pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(p0, p1);
                 }
-            });
-            l[hr] = l[hr] * alpha[hr] + sum;
-        }
+        });
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) l[hr] = l[hr] * alpha[hr] + sum[hr];
         /* the max settles after the first tiles: skip the D / 2 multiplies while it stays */
         if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll

@@ -243,37 +243,41 @@ __global__ void __launch_bounds__(C::THREADS)
             float alphas[MT][2];
             bool rescale = false;
 #pragma unroll
-            for (int i = 0; i < MT; i++)
+            for (int i = 0; i < MT; i++) {
+                float m_use[2];
 #pragma unroll
                 for (int hr = 0; hr < 2; hr++) {
                     float mx = -INFINITY;
 #pragma unroll
                     for (int j = 0; j < NT; j++)
                         mx = fmaxf(mx, fmaxf(s[i][j][hr * 2], s[i][j][hr * 2 + 1]));
-                    mx = __fmul_ru(quad_max(mx), mul); /* rounded up: row_exp2 (ptx.cuh) */
+                    mx = __fmul_ru(quad_max(mx), mul); /* rounded up: RowExp (ptx.cuh) */
                     const float m_new = fmaxf(row_max[i][hr], mx);
                     /* a row that has seen no key yet keeps m = -inf; exp2(x - 0) of its -inf
                        scores is 0, so nothing NaN enters the sums */
-                    const float m_use = m_new == -INFINITY ? 0.f : m_new;
-                    const float alpha = fast_exp2(row_max[i][hr] - m_use);
+                    m_use[hr] = m_new == -INFINITY ? 0.f : m_new;
+                    alphas[i][hr] = fast_exp2(row_max[i][hr] - m_use[hr]);
                     row_max[i][hr] = m_new;
-                    float sum = 0.f;
-                    with_exact(m_use, [&](auto ex) {
-                        constexpr bool EX = decltype(ex)::value;
+                    rescale |= alphas[i][hr] != 1.f;
+                }
+                float sum[2] = {0.f, 0.f};
+                with_row_exp(m_use, [&](auto ex) {
 #pragma unroll
-                        for (int j = 0; j < NT; j++) {
-                            const float p0 = row_exp2<EX>(s[i][j][hr * 2], mul, m_use);
-                            const float p1 = row_exp2<EX>(s[i][j][hr * 2 + 1], mul, m_use);
-                            sum += p0 + p1;
+                    for (int j = 0; j < NT; j++)
+#pragma unroll
+                        for (int hr = 0; hr < 2; hr++) {
+                            const float p0 = ex(hr, s[i][j][hr * 2], mul, m_use[hr]);
+                            const float p1 = ex(hr, s[i][j][hr * 2 + 1], mul, m_use[hr]);
+                            sum[hr] += p0 + p1;
                             /* C tile j, row half hr -> A fragment (k step j/2), register
                                hr + 2 * (j % 2) (see ptx.cuh) */
                             pa[i][j / 2][hr + 2 * (j % 2)] = pack2<T>(p0, p1);
                         }
-                    });
-                    row_sum[i][hr] = row_sum[i][hr] * alpha + sum;
-                    alphas[i][hr] = alpha;
-                    rescale |= alpha != 1.f;
-                }
+                });
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++)
+                    row_sum[i][hr] = row_sum[i][hr] * alphas[i][hr] + sum[hr];
+            }
             /* Once the running maxima settle, most tiles change no row's maximum: skip the
                multiplications by exactly 1 (a warp-uniform branch, no approximation). */
             if (__any_sync(0xffffffffu, rescale)) {

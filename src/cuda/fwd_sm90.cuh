@@ -469,33 +469,36 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         }
     };
     auto softmax_core = [&](float (&sc)[BN / 2], float (&alpha)[2]) {
+        float m_use[2];
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
             float mx = -INFINITY;
 #pragma unroll
             for (int j = 0; j < NS; j++) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]));
-            mx = __fmul_ru(quad_max(mx), mul); /* rounded up: row_exp2 (ptx.cuh) */
+            mx = __fmul_ru(quad_max(mx), mul); /* rounded up: RowExp (ptx.cuh) */
             /* lazy: the reference max moves only when the tile's exceeds it by more than
                LAZY (log2 units), so most tiles leave O as it is (alpha 1); probabilities
                then reach 2^LAZY, which 16 bits and the fp32 sums hold */
             const float m_new = mx > m[hr] + a.lazy ? mx : m[hr];
-            const float m_use = m_new == -INFINITY ? 0.f : m_new;
-            alpha[hr] = fast_exp2(m[hr] - m_use);
+            m_use[hr] = m_new == -INFINITY ? 0.f : m_new;
+            alpha[hr] = fast_exp2(m[hr] - m_use[hr]);
             m[hr] = m_new;
-            float sum = 0.f;
-            with_exact(m_use, [&](auto ex) {
-                constexpr bool EX = decltype(ex)::value;
+        }
+        float sum[2] = {0.f, 0.f};
+        with_row_exp(m_use, [&](auto ex) {
 #pragma unroll
-                for (int j = 0; j < NS; j++) {
-                    const float p0 = row_exp2<EX>(sc[4 * j + 2 * hr], mul, m_use);
-                    const float p1 = row_exp2<EX>(sc[4 * j + 2 * hr + 1], mul, m_use);
-                    sum += p0 + p1;
+            for (int j = 0; j < NS; j++)
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++) {
+                    const float p0 = ex(hr, sc[4 * j + 2 * hr], mul, m_use[hr]);
+                    const float p1 = ex(hr, sc[4 * j + 2 * hr + 1], mul, m_use[hr]);
+                    sum[hr] += p0 + p1;
                     sc[4 * j + 2 * hr] = p0;
                     sc[4 * j + 2 * hr + 1] = p1;
                 }
-            });
-            l[hr] = l[hr] * alpha[hr] + sum;
-        }
+        });
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) l[hr] = l[hr] * alpha[hr] + sum[hr];
     };
     auto softmax = [&](float (&sc)[BN / 2], int kcol0, float (&alpha)[2]) {
         prepare(sc, kcol0);
@@ -512,20 +515,18 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     const float p_bound = exp2f(a.lazy);
     auto exp_at_max = [&](const float (&sc)[BN / 2], uint32_t (&pa)[BN / 16][4]) {
         float sum[2] = {0.f, 0.f};
+        const float m_use[2] = {m[0] == -INFINITY ? 0.f : m[0], m[1] == -INFINITY ? 0.f : m[1]};
+        with_row_exp(m_use, [&](auto ex) {
 #pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            const float m_use = m[hr] == -INFINITY ? 0.f : m[hr];
-            with_exact(m_use, [&](auto ex) {
-                constexpr bool EX = decltype(ex)::value;
+            for (int j = 0; j < NS; j++)
 #pragma unroll
-                for (int j = 0; j < NS; j++) {
-                    const float p0 = row_exp2<EX>(sc[4 * j + 2 * hr], mul, m_use);
-                    const float p1 = row_exp2<EX>(sc[4 * j + 2 * hr + 1], mul, m_use);
+                for (int hr = 0; hr < 2; hr++) {
+                    const float p0 = ex(hr, sc[4 * j + 2 * hr], mul, m_use[hr]);
+                    const float p1 = ex(hr, sc[4 * j + 2 * hr + 1], mul, m_use[hr]);
                     sum[hr] += p0 + p1;
                     pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(p0, p1);
                 }
-            });
-        }
+        });
         const bool ok = sum[0] <= p_bound && sum[1] <= p_bound && m[0] != -INFINITY &&
                         m[1] != -INFINITY;
         if (!__all_sync(0xffffffffu, ok)) return false;

@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
                 float x = -INFINITY;
 #pragma unroll
                 for (int j = 0; j < NS; j++) x = fmaxf(x, fmaxf(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]));
-                mx[hr] = __fmul_ru(quad_max(x), mul); /* rounded up: row_exp2 (ptx.cuh) */
+                mx[hr] = __fmul_ru(quad_max(x), mul); /* rounded up: RowExp (ptx.cuh) */
             }
             /* the max before the turn, the exponentials (from mul_t, loaded in it) in it */
             const float mul_t = bar_sync_after(my_bar, 256, mx[0] + mx[1], base + C::OFF_MUL);
@@ -233,27 +233,30 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
             /* the exponentials of the first NE n8 tiles (a half tile's P V reads no more) */
             auto exps = [&](auto ne) {
                 constexpr int NE = decltype(ne)::value;
+                float m_use[2];
 #pragma unroll
                 for (int hr = 0; hr < 2; hr++) {
                     /* lazy: the reference max moves only when the tile's exceeds it by more
                        than LAZY, so most tiles leave O as it is (fwd_sm90.cuh) */
                     const float m_new = mx[hr] > m[hr] + a.lazy ? mx[hr] : m[hr];
-                    const float m_use = m_new == -INFINITY ? 0.f : m_new;
-                    alpha[hr] = fast_exp2(m[hr] - m_use);
+                    m_use[hr] = m_new == -INFINITY ? 0.f : m_new;
+                    alpha[hr] = fast_exp2(m[hr] - m_use[hr]);
                     m[hr] = m_new;
-                    float sum = 0.f;
-                    with_exact(m_use, [&](auto ex) {
-                        constexpr bool EX = decltype(ex)::value;
+                }
+                float sum[2] = {0.f, 0.f};
+                with_row_exp(m_use, [&](auto ex) {
 #pragma unroll
-                        for (int j = 0; j < NE; j++) {
-                            const float p0 = row_exp2<EX>(sc[4 * j + 2 * hr], mul_t, m_use);
-                            const float p1 = row_exp2<EX>(sc[4 * j + 2 * hr + 1], mul_t, m_use);
-                            sum += p0 + p1;
+                    for (int j = 0; j < NE; j++)
+#pragma unroll
+                        for (int hr = 0; hr < 2; hr++) {
+                            const float p0 = ex(hr, sc[4 * j + 2 * hr], mul_t, m_use[hr]);
+                            const float p1 = ex(hr, sc[4 * j + 2 * hr + 1], mul_t, m_use[hr]);
+                            sum[hr] += p0 + p1;
                             pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(p0, p1);
                         }
-                    });
-                    l[hr] = l[hr] * alpha[hr] + sum;
-                }
+                });
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++) l[hr] = l[hr] * alpha[hr] + sum[hr];
             };
             if (half_s)
                 exps(Int<NS / 2>{});
