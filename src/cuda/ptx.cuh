@@ -123,26 +123,31 @@ __device__ __forceinline__ float fast_exp2(float x) {
    rounding keeps that bound, and the max key's own term lands within an ulp of m (2^-13) of
    it. Past that the product is rounded up on its own first, as m was, so the max key's term
    is exact: one fma against a max near 1e10 is off by up to an ulp of it, 1024, which makes
-   exp2 0 for every key of the row (LSE -inf) or inf (issue 42). with_row_exp picks the form
-   per row and branches once per thread for both of its rows, so the common case (both fma)
-   stays one straight block in which the two rows' exponentials interleave (a branch per row
-   cost the Hopper forward ~2.5%: perf fwd_sm90, current state). */
+   exp2 0 for every key of the row (LSE -inf) or inf (issue 42). with_row_exp branches once
+   per thread for both of its rows, so the common case (both fma) stays one straight block in
+   which the two rows' exponentials interleave (a branch per row cost the Hopper forward
+   ~2.5%: perf fwd_sm90, current state). */
 constexpr float kExpFmaBelow = 1024.f;
 
-/* exp2(s * mul - m) for row hr (0 or 1, a constant once unrolled) in the form X0 / X1 names */
-template <bool X0, bool X1> struct RowExp {
+/* exp2(s * mul - m) by one fma, both rows (the common case) */
+struct RowExpFma {
+    __device__ __forceinline__ float operator()(int, float s, float mul, float m) const {
+        return fast_exp2(fmaf(s, mul, -m));
+    }
+};
+/* the form chosen per row at run time (some row past 2^10: rare, so one copy of the code
+   that computes both forms and selects, not a specialised copy per combination) */
+struct RowExpSel {
+    bool exact[2];
     __device__ __forceinline__ float operator()(int hr, float s, float mul, float m) const {
-        const bool exact = hr == 0 ? X0 : X1;
-        return fast_exp2(exact ? __fmul_ru(s, mul) - m : fmaf(s, mul, -m));
+        return fast_exp2(exact[hr] ? __fmul_ru(s, mul) - m : fmaf(s, mul, -m));
     }
 };
 
 template <class F> __device__ __forceinline__ void with_row_exp(const float (&m)[2], F &&f) {
     const bool x0 = !(fabsf(m[0]) < kExpFmaBelow), x1 = !(fabsf(m[1]) < kExpFmaBelow);
-    if (!(x0 | x1)) f(RowExp<false, false>{});
-    else if (!x1) f(RowExp<true, false>{});
-    else if (!x0) f(RowExp<false, true>{});
-    else f(RowExp<true, true>{});
+    if (!(x0 | x1)) f(RowExpFma{});
+    else f(RowExpSel{{x0, x1}});
 }
 
 /* A backward probability, exp2(x * mul - l2) with l2 the row's LSE in log2 units: clamped to
