@@ -205,7 +205,8 @@ _PROTOTYPES = {
 
 # Entry points a library built before the KV-cache API lacks: such a library still loads, and
 # only the functions that need them fail (require() says which symbol is missing).
-_OPTIONAL = frozenset({"fa_dropout_mask", "fa_quantize_fp8", "fa_fwd_kvcache", "fa_fwd_kvcache_workspace_size", "fa_merge_attn",
+_OPTIONAL = frozenset({"fa_dropout_mask", "fa_quantize_fp8", "fa_fwd_kvcache",
+                       "fa_fwd_kvcache_workspace_size", "fa_merge_attn",
                        "fa_context_set_device_checks", "fa_context_check"})
 
 _LIB_NAMES = ("libflashattn.so", "libflashattn.dylib", "flashattn.dll")

@@ -468,9 +468,10 @@ done:
 /* fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, want_lse,
                softmax_scale, causal, window_size, softcap, alibi_slopes, num_splits,
                descales)
-   -> (out, lse or None), or NotImplemented (FP8 q without out too, as for fwd). The fast path takes cache_seqlens as an int32
-   array of batch values and block_table as int32 (batch, max_pages) rows, both on the
-   tensors' device; k and v are appended into the caches in place. */
+   -> (out, lse or None), or NotImplemented (FP8 q without out too, as for fwd). The fast
+   path takes cache_seqlens as an int32 array of batch values and block_table as int32
+   (batch, max_pages) rows, both on the tensors' device; k and v are appended into the caches
+   in place. */
 static PyObject *ext_fwd_kvcache(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     (void)self;
     PyObject *a17[17];

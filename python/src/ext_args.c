@@ -190,7 +190,8 @@ static int numpy_view(ext_call *c, PyObject *x, int writable, fa_tensor *t) {
     if (PyObject_GetBuffer(x, b, flags) != 0) {
         PyErr_Clear();
         if (!(ml = numpy_ml_dtype(x))) return EXT_DECLINE;
-        PyObject *u = PyObject_CallMethodOneArg(x, s_view, ml == FA_DTYPE_BF16 ? s_uint16 : s_uint8);
+        PyObject *u =
+            PyObject_CallMethodOneArg(x, s_view, ml == FA_DTYPE_BF16 ? s_uint16 : s_uint8);
         if (!u) return -1;
         if (keep(c, u)) return -1;
         if (PyObject_GetBuffer(u, b, flags) != 0) {

@@ -396,7 +396,8 @@ def test_opcheck_fp8(rng):
     qd, kd, vd = to_torch(*(descales(rng, 2, 2) for _ in range(3)))
     args = (q, k, v, 0.25, True, -1, 0, 0.0, None, None, None, 0, 0, False, qd, kd, vd)
     torch.library.opcheck(torch.ops.flashattn_c.fwd.default, args,
-                          test_utils=("test_faketensor",))  # test_schema multiplies FP8: torch has no such kernel
+                          # test_schema multiplies FP8 tensors: torch has no such kernel
+                          test_utils=("test_faketensor",))
 
 
 # ---- CUDA ----
