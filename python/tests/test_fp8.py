@@ -389,6 +389,23 @@ def test_compile_fp8(rng):
     assert compiled.dtype == torch.bfloat16
     torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
 
+    # the KV-cache op, appending FP8 tokens in place
+    kc = to_torch(fp8_numpy(rng, (1, 24, 2, 32), "e4m3"))[0]
+    kn = tk[:, :2]
+    sl = torch.tensor([5], dtype=torch.int32)
+
+    def g(q, kc, vc, kn, kd):
+        return flashattn.flash_attn_with_kvcache(q, kc, vc, kn, kn, cache_seqlens=sl,
+                                                 causal=True, k_descale=kd)
+
+    caches = [kc.clone() for _ in range(4)]
+    eager = g(tq[:, :2], caches[0], caches[1], kn, tkd)
+    compiled = torch.compile(g, fullgraph=True, backend="eager")(tq[:, :2], caches[2],
+                                                                 caches[3], kn, tkd)
+    assert compiled.dtype == torch.bfloat16
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    assert torch.equal(caches[2].view(torch.uint8), caches[0].view(torch.uint8))
+
 
 def test_opcheck_fp8(rng):
     q, k, v = to_torch(*(fp8_numpy(rng, s, "e5m2") for s in ((2, 12, 4, 16), (2, 15, 2, 16),
