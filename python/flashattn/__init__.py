@@ -2,7 +2,8 @@
 
 Drop-in functions of the flash_attn package (flash_attn_func, flash_attn_varlen_func, ...),
 flash_attn_with_kvcache (paged KV cache) with merge_attn for partial results, the lower-level
-attention_forward / attention_backward, and a view of which kernel ran (last_selection).
+attention_forward / attention_backward, quantize_fp8 (FP8 inputs with their descales, forward
+only, CPU backend), and a view of which kernel ran (last_selection).
 Calls go through the C extension flashattn._ext, or through ctypes where it is absent
 (binding() says which); torch.compile and torch.export see them as the torch.library ops
 flashattn_c::fwd, ::bwd and ::fwd_kvcache.
@@ -17,6 +18,7 @@ from ._dropout import dropout_mask
 from ._kvcache import merge_attn
 from ._lib import LibraryNotFound, library_path
 from ._native import binding, binding_reason
+from ._quantize import quantize_fp8
 from .flash_attn_interface import (flash_attn_func, flash_attn_kvpacked_func,
                                    flash_attn_qkvpacked_func, flash_attn_varlen_func,
                                    flash_attn_varlen_kvpacked_func,
@@ -33,7 +35,7 @@ __all__ = [
     "flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
     "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func",
     "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache",
-    "attention_forward", "attention_backward", "merge_attn", "dropout_mask",
+    "attention_forward", "attention_backward", "merge_attn", "dropout_mask", "quantize_fp8",
     "FlashAttnError", "FlashAttnArgumentError", "LibraryNotFound",
     "Selection", "last_selection", "set_options", "get_options",
     "library_path", "library_version", "has_cuda", "cpu_features", "kernel_names",

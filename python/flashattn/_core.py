@@ -8,7 +8,7 @@ Function are built on them.
 import ctypes
 import math
 
-from . import _context, _lib, _native
+from . import _context, _fp8, _lib, _native
 from ._tensors import ops_for
 
 _OPTION_DOC = """
@@ -25,6 +25,10 @@ _OPTION_DOC = """
                    1 - dropout_p and scaled by 1 / (1 - dropout_p), the mask a function of seed,
                    offset and the element (dropout_mask returns it); pass the forward's triple
                    to the backward. The CPU backend only (CUDA: FlashAttnError, not built yet)
+    q_descale, k_descale, v_descale
+                   FP8 inputs only (forward): None (1), or fp32 (batch, num_heads_k) on q's
+                   device, FlashAttention-3's shape; the real value of a stored element is
+                   its descale (per batch entry and kv head, q's too) times it
 """
 
 
@@ -32,11 +36,12 @@ class Options:
     """Resolved options of one attention call, shared by its forward and backward."""
 
     __slots__ = ("softmax_scale", "causal", "window", "softcap", "alibi_slopes", "cu_seqlens_q",
-                 "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "deterministic", "dropout")
+                 "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "deterministic", "dropout",
+                 "descales")
 
     def __init__(self, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                  alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                 max_seqlen_k=None, deterministic=False, dropout=None):
+                 max_seqlen_k=None, deterministic=False, dropout=None, descales=None):
         if softmax_scale is not None:
             softmax_scale = float(softmax_scale)
             if softmax_scale == 0.0:
@@ -66,6 +71,9 @@ class Options:
         self.deterministic = bool(deterministic)
         # None, or (p, seed, offset) resolved once: the backward reuses them (same mask)
         self.dropout = _dropout_triple(dropout)
+        # None, or (q_descale, k_descale, v_descale) as given (FP8 inputs; _fp8 checks them)
+        self.descales = (None if descales is None or all(d is None for d in descales)
+                         else tuple(descales))
 
     def ext_scalars(self):
         """softmax_scale, causal, window_size, softcap: the extension's scalar arguments."""
@@ -150,7 +158,7 @@ class _Bound:
     """An Options bound to the tensors of one call for the ctypes binding: fa_params plus the
     arrays it points into (kept alive here for the duration of the call)."""
 
-    def __init__(self, ops, opts, q, backward):
+    def __init__(self, ops, opts, q, backward, heads_k=0):
         self.params = _lib.Params.default()
         p = self.params
         p.softmax_scale = opts.softmax_scale or 0.0
@@ -162,6 +170,10 @@ class _Bound:
             p.dropout_p, p.dropout_seed, p.dropout_offset = opts.dropout
         alibi, cq, ck, self.batch, alibi_stride = aux_arrays(ops, opts, q)
         self.keep = [x for x in (alibi, cq, ck) if x is not None]
+        if not backward:
+            desc = _fp8.descale_arrays(ops, opts.descales, q, heads_k, self.batch)
+            _fp8.set_params(ops, p, desc)
+            self.keep.append(desc)
         if opts.varlen:
             p.cu_seqlens_q = ops.ptr(cq)
             p.cu_seqlens_k = ops.ptr(ck)
@@ -203,35 +215,43 @@ def _ctx_for(ops, q):
 def attention_forward(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1),
                       softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None,
                       max_seqlen_q=None, max_seqlen_k=None, out=None, softmax_lse=None,
-                      return_lse=True, dropout=None, _opts=None):
+                      return_lse=True, dropout=None, q_descale=None, k_descale=None,
+                      v_descale=None, _opts=None):
     """Attention forward through fa_fwd, on numpy arrays or torch tensors (no autograd).
 
     q (batch, seqlen_q, nheads, d), k/v (batch, seqlen_k, nheads_k, d); varlen: (total, heads, d).
     Returns (out, softmax_lse): out like q (contiguous, or the `out` given), softmax_lse fp32
     (batch, nheads, seqlen_q) or, varlen, (nheads, total_q) (None when return_lse is False).
     Rows that see no key get out = 0 and lse = -inf.
+    FP8 q, k, v (float8_e4m3fn / float8_e5m2, one dtype; CPU backend only, the CUDA backend
+    refuses them with FlashAttnArgumentError FA_ERR_DTYPE): the library writes out in the dtype
+    of the `out` given (f32, f16 or bf16); without one, out is bfloat16.
     """
     _require("attention_forward", q=q, k=k, v=v)
     opts = _opts or Options(softmax_scale, causal, window_size, softcap, alibi_slopes,
                             cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                            dropout=dropout)
+                            dropout=dropout, descales=(q_descale, k_descale, v_descale))
     ext = _native.ext
-    if ext is not None:
+    if ext is not None and opts.descales is None:
         r = ext.fwd(q, k, v, out, softmax_lse, return_lse, *opts.ext_scalars(), opts.alibi_slopes,
                     opts.cu_seqlens_q, opts.cu_seqlens_k, opts.max_seqlen_q, opts.max_seqlen_k,
-                    False, opts.dropout)
+                    False, opts.dropout, None)
         if r is not NotImplemented:
             return r
     ops = ops_for(q, k, v, out, softmax_lse)
     _check_ndim(opts, q=q, k=k, v=v)
+    fp8 = _fp8.check_inputs(ops, {"q": q, "k": k, "v": v}, opts.descales)
     q, k, v = ops.prepare(q), ops.prepare(k), ops.prepare(v)
+    if out is None and fp8:
+        out = ops.empty(tuple(q.shape), q, _fp8.OUT_DTYPE)
     if ext is not None:
         for x in (out, softmax_lse):
             if x is not None:
                 ops.view(x)  # raises for outputs the library cannot write
-        alibi, cq, ck, _, _ = aux_arrays(ops, opts, q)
+        alibi, cq, ck, batch, _ = aux_arrays(ops, opts, q)
+        desc = _fp8.descale_arrays(ops, opts.descales, q, k.shape[-2], batch)
         r = ext.fwd(q, k, v, out, softmax_lse, return_lse, *opts.ext_scalars(), alibi, cq, ck,
-                    opts.max_seqlen_q, opts.max_seqlen_k, False, opts.dropout)
+                    opts.max_seqlen_q, opts.max_seqlen_k, False, opts.dropout, desc)
         if r is NotImplemented:
             raise _declined("fwd")
         return r
@@ -248,7 +268,7 @@ def attention_forward(q, k, v, softmax_scale=None, causal=False, window_size=(-1
             softmax_lse[...] = -math.inf
         return out, softmax_lse if want_lse else None
     with ops.guard(q):
-        bound = _Bound(ops, opts, q, backward=False)
+        bound = _Bound(ops, opts, q, backward=False, heads_k=k.shape[-2])
         ctx = _ctx_for(ops, q)
         views = [ops.view(t) for t in (q, k, v, out)]
         lse_view = ctypes.byref(ops.view(softmax_lse)) if want_lse else None

@@ -11,7 +11,7 @@ import ctypes
 
 import numpy as np
 
-from . import _context, _lib, _native
+from . import _context, _fp8, _lib, _native
 from ._core import _Bound, _ctx_for, aux_arrays
 from ._tensors import is_torch, ops_for
 
@@ -68,9 +68,10 @@ def kvcache_forward(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
     if _is_int_scalar(cache_seqlens):
         cache_seqlens = _lib.c_int(cache_seqlens, "cache_seqlens", 32)
     ext = _native.ext
-    if ext is not None and cache_batch_idx is None:
+    if ext is not None and cache_batch_idx is None and opts.descales is None:
         r = ext.fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, None, None,
-                            return_lse, *opts.ext_scalars(), opts.alibi_slopes, num_splits)
+                            return_lse, *opts.ext_scalars(), opts.alibi_slopes, num_splits,
+                            None)
         if r is not NotImplemented:
             return r
     if ext is None:
@@ -80,6 +81,8 @@ def kvcache_forward(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
                          f"{'v' if k is not None else 'k'} is not: an append needs both")
     ops = ops_for(q, k_cache, v_cache, k, v)
     _check_4d(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v)
+    fp8 = _fp8.check_inputs(ops, {"q": q, "k_cache": k_cache, "v_cache": v_cache, "k": k,
+                                  "v": v}, opts.descales)
     batch = q.shape[0]
     append = k is not None and k.shape[1] > 0
     if k is not None and not append:
@@ -101,7 +104,7 @@ def kvcache_forward(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
     else:
         k_cache, v_cache = ops.prepare(k_cache), ops.prepare(v_cache)
 
-    out = ops.empty(tuple(q.shape), q)
+    out = ops.empty(tuple(q.shape), q, _fp8.OUT_DTYPE if fp8 else None)
     lse = ops.empty((batch, q.shape[2], q.shape[1]), q, "float32") if return_lse else None
     if batch == 0:
         _context.clear_selection()
@@ -156,14 +159,15 @@ def kvcache_forward(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
 
         if ext is not None:
             alibi = aux_arrays(ops, opts, q)[0]
+            desc = _fp8.descale_arrays(ops, opts.descales, q, k_cache.shape[2], batch)
             r = ext.fwd_kvcache(q, k_cache, v_cache, k if append else None,
                                 v if append else None, seqlens, table, out, lse, return_lse,
-                                *opts.ext_scalars(), alibi, num_splits)
+                                *opts.ext_scalars(), alibi, num_splits, desc)
             if r is NotImplemented:
                 raise RuntimeError("flashattn._ext declined fwd_kvcache after the arguments "
                                    "were normalised: a bug in flashattn, please report it")
             return r
-        bound = _Bound(ops, opts, q, backward=False)
+        bound = _Bound(ops, opts, q, backward=False, heads_k=k_cache.shape[2])
         ctx = _ctx_for(ops, q)
         cache = _lib.KVCache()
         cache.k, cache.v = ops.view(k_cache), ops.view(v_cache)

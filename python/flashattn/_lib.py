@@ -74,7 +74,7 @@ def c_float(value, name):
 
 # ---- enums ----
 
-DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_F8_E4M3, DTYPE_F64 = 0, 1, 2, 3, 4
+DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_F8_E4M3, DTYPE_F64, DTYPE_F8_E5M2 = 0, 1, 2, 3, 4, 5
 DEVICE_CPU, DEVICE_CUDA = 0, 1
 BACKEND_AUTO, BACKEND_CPU, BACKEND_CUDA = 0, 1, 2
 ALGOS = {"auto": 0, "naive": 1, "plain": 2}
@@ -199,11 +199,14 @@ _PROTOTYPES = {
     "fa_dropout_mask": (ctypes.c_int, [_vp, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_float,
                                        ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                        ctypes.c_int64, _vp]),
+    "fa_quantize_fp8": (ctypes.c_int, [_vp, _P(Tensor), _P(Tensor), _P(Tensor), ctypes.c_int64,
+                                       ctypes.c_int, ctypes.c_uint64]),
 }
 
 # Entry points a library built before the KV-cache API lacks: such a library still loads, and
 # only the functions that need them fail (require() says which symbol is missing).
-_OPTIONAL = frozenset({"fa_dropout_mask", "fa_fwd_kvcache", "fa_fwd_kvcache_workspace_size", "fa_merge_attn",
+_OPTIONAL = frozenset({"fa_dropout_mask", "fa_quantize_fp8", "fa_fwd_kvcache",
+                       "fa_fwd_kvcache_workspace_size", "fa_merge_attn",
                        "fa_context_set_device_checks", "fa_context_check"})
 
 _LIB_NAMES = ("libflashattn.so", "libflashattn.dylib", "flashattn.dll")

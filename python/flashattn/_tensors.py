@@ -24,6 +24,9 @@ _NP_DTYPES = {np.dtype(np.float32): _lib.DTYPE_F32, np.dtype(np.float16): _lib.D
               np.dtype(np.float64): _lib.DTYPE_F64}
 if _NP_BF16 is not None:
     _NP_DTYPES[_NP_BF16] = _lib.DTYPE_BF16
+    # FP8 inputs of the forward (docs/fp8.md): ml_dtypes' OCP formats
+    _NP_DTYPES[np.dtype(_ml_dtypes.float8_e4m3fn)] = _lib.DTYPE_F8_E4M3
+    _NP_DTYPES[np.dtype(_ml_dtypes.float8_e5m2)] = _lib.DTYPE_F8_E5M2
 
 _torch = None
 _TORCH_DTYPES = None
@@ -39,6 +42,10 @@ def _import_torch():
             return None
         _TORCH_DTYPES = {torch.float32: _lib.DTYPE_F32, torch.float16: _lib.DTYPE_F16,
                          torch.bfloat16: _lib.DTYPE_BF16, torch.float64: _lib.DTYPE_F64}
+        for name, code in (("float8_e4m3fn", _lib.DTYPE_F8_E4M3),
+                           ("float8_e5m2", _lib.DTYPE_F8_E5M2)):
+            if hasattr(torch, name):  # FP8 forward inputs (docs/fp8.md)
+                _TORCH_DTYPES[getattr(torch, name)] = code
         if _native.ext is not None:
             _native.ext.bind_torch(torch)
         _torch = torch
@@ -101,7 +108,8 @@ class NumpyOps:
         if code is None:
             hint = (" (bfloat16 needs the ml_dtypes package)" if _NP_BF16 is None else "")
             raise TypeError(f"unsupported numpy dtype {x.dtype}: use float32, float16 or "
-                            f"ml_dtypes.bfloat16{hint} (float64 only with algo='naive')")
+                            f"ml_dtypes.bfloat16{hint} (ml_dtypes.float8_e4m3fn / float8_e5m2 "
+                            f"as forward inputs; float64 only with algo='naive')")
         return code
 
     @staticmethod
@@ -170,6 +178,8 @@ class NumpyOps:
 
 
 def _np_dtype(name):
+    if name == "bfloat16":  # an FP8 call's output (ml_dtypes is there: the inputs need it)
+        return _NP_BF16
     return {"float32": np.float32, "int32": np.int32, "float64": np.float64}[name]
 
 
@@ -185,7 +195,8 @@ class TorchOps:
         code = _TORCH_DTYPES.get(x.dtype)
         if code is None:
             raise TypeError(f"unsupported torch dtype {x.dtype}: use float32, float16 or "
-                            f"bfloat16 (float64 only with algo='naive')")
+                            f"bfloat16 (float8_e4m3fn / float8_e5m2 as forward inputs; float64 "
+                            f"only with algo='naive')")
         return code
 
     @classmethod

@@ -25,28 +25,42 @@ def _lse_shape(q, varlen):
 
 def _opts(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
           cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
-          deterministic=False):
+          deterministic=False, descales=None):
     return _core.Options(softmax_scale, causal, (window_left, window_right), softcap,
                          alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                         deterministic)
+                         deterministic, descales=descales)
+
+
+_FP8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
+
+
+def _out_like(q):
+    """The output of a call on q: like q, or bf16 for FP8 q (the library's FP8 output as the
+    package allocates it, see _fp8)."""
+    return q.new_empty(q.shape, dtype=torch.bfloat16 if q.dtype in _FP8 else q.dtype)
 
 
 @torch.library.custom_op(f"{_NS}::fwd", mutates_args=())
 def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int,
         window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
         cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
-        max_seqlen_k: int, deterministic: bool) -> tuple[Tensor, Tensor]:
-    """Attention forward: (out, softmax_lse). deterministic is the backward's."""
+        max_seqlen_k: int, deterministic: bool, q_descale: Optional[Tensor] = None,
+        k_descale: Optional[Tensor] = None,
+        v_descale: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """Attention forward: (out, softmax_lse). deterministic is the backward's. FP8 q, k, v
+    (with their descales) give a bf16 out."""
     opts = _opts(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-                 cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, deterministic)
+                 cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, deterministic,
+                 (q_descale, k_descale, v_descale))
     return _core.attention_forward(q, k, v, _opts=opts)
 
 
 @fwd.register_fake
 def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-              cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, deterministic):
+              cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, deterministic,
+              q_descale=None, k_descale=None, v_descale=None):
     varlen = cu_seqlens_q is not None
-    return (q.new_empty(q.shape),
+    return (_out_like(q),
             q.new_empty(_lse_shape(q, varlen), dtype=torch.float32))
 
 
@@ -79,7 +93,7 @@ def _fwd_setup(ctx, inputs, output):
 def _fwd_backward(ctx, dout, dlse):
     q, k, v, out, lse, alibi, cu_q, cu_k = ctx.saved_tensors
     dq, dk, dv = bwd(dout, q, k, v, out, lse, *ctx.scalars, alibi, cu_q, cu_k, *ctx.tail)
-    return (dq, dk, dv) + (None,) * 11
+    return (dq, dk, dv) + (None,) * 14  # the 14 options and descales have no gradient
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup)
@@ -90,13 +104,15 @@ def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor]
                 v: Optional[Tensor], cache_seqlens: Optional[Tensor], cache_seqlens_int: int,
                 cache_batch_idx: Optional[Tensor], block_table: Optional[Tensor],
                 softmax_scale: float, causal: bool, window_left: int, window_right: int,
-                softcap: float, alibi_slopes: Optional[Tensor],
-                num_splits: int) -> tuple[Tensor, Tensor]:
+                softcap: float, alibi_slopes: Optional[Tensor], num_splits: int,
+                q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
+                v_descale: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """KV-cache attention with an in-place append: (out, softmax_lse). cache_seqlens_int is
     used when cache_seqlens is None and it is >= 0 (one length for every sequence)."""
     seqlens = cache_seqlens if cache_seqlens is not None else (
         cache_seqlens_int if cache_seqlens_int >= 0 else None)
-    opts = _opts(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes)
+    opts = _opts(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                 descales=(q_descale, k_descale, v_descale))
     out, lse = _kvcache.kvcache_forward(q, k_cache, v_cache, k, v, seqlens, cache_batch_idx,
                                         block_table, num_splits, True, _opts=opts)
     return out, lse
@@ -104,7 +120,7 @@ def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor]
 
 @fwd_kvcache.register_fake
 def _fwd_kvcache_fake(q, k_cache, v_cache, *rest):
-    return (q.new_empty(q.shape),
+    return (_out_like(q),
             q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32))
 
 
@@ -114,11 +130,16 @@ def scale_of(softmax_scale, q):
     return float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
 
 
+def _descales(opts):
+    return opts.descales if opts.descales is not None else (None, None, None)
+
+
 def attention(q, k, v, opts, return_lse):
     """flash_attn_func and the varlen functions under tracing: out, or (out, lse)."""
-    out, lse = fwd(q, k, v, scale_of(opts.softmax_scale, q), opts.causal, opts.window[0], opts.window[1], opts.softcap,
-                   opts.alibi_slopes, opts.cu_seqlens_q, opts.cu_seqlens_k, opts.max_seqlen_q,
-                   opts.max_seqlen_k, opts.deterministic)
+    out, lse = fwd(q, k, v, scale_of(opts.softmax_scale, q), opts.causal, opts.window[0],
+                   opts.window[1], opts.softcap, opts.alibi_slopes, opts.cu_seqlens_q,
+                   opts.cu_seqlens_k, opts.max_seqlen_q, opts.max_seqlen_k, opts.deterministic,
+                   *_descales(opts))
     return (out, lse) if return_lse else out
 
 
@@ -131,5 +152,6 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_tab
     scale = scale_of(opts.softmax_scale, q)
     out, lse = fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, seqlens_int,
                            cache_batch_idx, block_table, scale, opts.causal, opts.window[0],
-                           opts.window[1], opts.softcap, opts.alibi_slopes, int(num_splits))
+                           opts.window[1], opts.softcap, opts.alibi_slopes, int(num_splits),
+                           *_descales(opts))
     return (out, lse) if return_lse else out

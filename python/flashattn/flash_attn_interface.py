@@ -23,6 +23,17 @@ Differences from flash_attn, all explicit:
     cache takes BSHD queries: use flash_attn_with_kvcache); flash_attn_with_kvcache raises it
     for rotary_cos / rotary_sin and cache_leftpad.
   - softmax_scale = 0 is rejected (ValueError); None means 1/sqrt(head_dim).
+  - FP8 (FlashAttention-3's interface): flash_attn_func, flash_attn_varlen_func and
+    flash_attn_with_kvcache take float8_e4m3fn / float8_e5m2 q, k, v (one dtype for all) and
+    the keyword-only q_descale, k_descale, v_descale: fp32 (batch, num_heads_k) on q's device,
+    None meaning 1. The forward only (no FP8 backward, as in FlashAttention-3): a call that
+    autograd would record (grad mode on, an input with requires_grad) raises RuntimeError.
+    The library writes the output in the dtype of the out it is given (f32, f16, bf16); these
+    functions give it bfloat16, FlashAttention-3's choice (attention_forward(out=...) picks
+    another). The CPU backend runs it; the CUDA backend refuses it (FlashAttnArgumentError,
+    FA_ERR_DTYPE: the Hopper FP8 kernel is not built yet). Descales given with non-FP8 inputs
+    raise ValueError (they would mean nothing there). Finer scales than one per (batch, kv
+    head), such as quantize_fp8(block_rows > 0) makes, are not taken (see quantize_fp8).
 
 Each function first offers its arguments as they are to the C extension, which takes the common
 case (torch tensors on one device, no autograd to record, index arrays already int32 on that
@@ -33,7 +44,7 @@ traces a function, it calls the torch.library ops of _torch_ops instead.
 
 import sys
 
-from . import _autograd, _core, _dropout, _kvcache, _native, _tensors
+from . import _autograd, _core, _dropout, _fp8, _kvcache, _native, _tensors
 
 __all__ = [
     "flash_attn_func",
@@ -78,18 +89,19 @@ def _mask_of(opts, q, k, torch_out):
 
 
 def _run(layout, tensors, opts, return_attn_probs):
+    ops = _tensors.ops_for(*tensors)
+    q, k, v = _autograd.unpack(layout, tensors)
+    # FP8: one dtype, descales only with it, and forward only (autograd must not record it)
+    fp8 = _fp8.check_inputs(ops, {"q": q, "k": k, "v": v}, opts.descales, grad_check=True)
     if _tracing():
         if opts.dropout is not None:
             raise NotImplementedError("dropout_p > 0 under torch.compile / torch.export is not "
                                       "supported yet; call the function eagerly")
         from . import _torch_ops
-        q, k, v = _autograd.unpack(layout, tensors)
         res = _torch_ops.attention(q, k, v, opts, return_attn_probs)
         return (res[0], res[1], None) if return_attn_probs else res
-    ops = _tensors.ops_for(*tensors)
-    q, k, v = _autograd.unpack(layout, tensors)
     torch_out = ops is _tensors.TorchOps
-    if torch_out:
+    if torch_out and not fp8:
         res = _autograd.function().apply(layout, opts, bool(return_attn_probs), *tensors)
         out, lse = (res[0], res[1]) if return_attn_probs else (res, None)
     else:
@@ -113,18 +125,22 @@ _RETURNS = """
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                    return_attn_probs=False, *, generator=None):
+                    return_attn_probs=False, *, generator=None, q_descale=None, k_descale=None,
+                    v_descale=None):
     """Attention of q (batch, seqlen_q, nheads, headdim) over k, v
-    (batch, seqlen_k, nheads_k, headdim); nheads a multiple of nheads_k (GQA/MQA)."""
+    (batch, seqlen_k, nheads_k, headdim); nheads a multiple of nheads_k (GQA/MQA).
+    FP8 q, k, v with q/k/v_descale: see the top of flash_attn_interface (output bfloat16)."""
     ext = _native.ext
-    if ext is not None and not dropout_p and not return_attn_probs and not _tracing():
+    if (ext is not None and not dropout_p and not return_attn_probs and not _tracing()
+            and q_descale is None and k_descale is None and v_descale is None):
         r = ext.fwd(q, k, v, None, None, False, softmax_scale, causal, window_size, softcap,
-                    alibi_slopes, None, None, None, None, True, None)
+                    alibi_slopes, None, None, None, None, True, None, None)
         if r is not NotImplemented:
             return r[0]
     opts = _core.Options(softmax_scale, causal, window_size, softcap, alibi_slopes,
                          deterministic=deterministic,
-                         dropout=_dropout.draw(dropout_p, (q, k, v), generator))
+                         dropout=_dropout.draw(dropout_p, (q, k, v), generator),
+                         descales=(q_descale, k_descale, v_descale))
     return _run("q,k,v", (q, k, v), opts, return_attn_probs)
 
 
@@ -155,16 +171,20 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                            softcap=0.0, alibi_slopes=None, deterministic=False,
-                           return_attn_probs=False, block_table=None, *, generator=None):
+                           return_attn_probs=False, block_table=None, *, generator=None,
+                           q_descale=None, k_descale=None, v_descale=None):
     """Variable-length attention: q (total_q, nheads, headdim), k, v (total_k, nheads_k,
     headdim), sequence b being rows cu_seqlens[b]..cu_seqlens[b+1]-1 (int32 prefix sums,
-    batch + 1 values; empty sequences allowed). Masks align each sequence's own corner."""
+    batch + 1 values; empty sequences allowed). Masks align each sequence's own corner.
+    FP8 q, k, v with q/k/v_descale (batch, nheads_k), batch = len(cu_seqlens_q) - 1: see the
+    top of flash_attn_interface (output bfloat16)."""
     ext = _native.ext
     if (ext is not None and not dropout_p and not return_attn_probs and block_table is None
-            and not _tracing()):
+            and not _tracing() and q_descale is None and k_descale is None
+            and v_descale is None):
         r = ext.fwd(q, k, v, None, None, False, softmax_scale, causal, window_size, softcap,
                     alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, True,
-                    None)
+                    None, None)
         if r is not NotImplemented:
             return r[0]
     if block_table is not None:
@@ -175,7 +195,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             "with q padded to one seqlen_q")
     opts = _core.Options(softmax_scale, causal, window_size, softcap, alibi_slopes,
                          cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, deterministic,
-                         _dropout.draw(dropout_p, (q, k, v), generator))
+                         _dropout.draw(dropout_p, (q, k, v), generator),
+                         (q_descale, k_descale, v_descale))
     return _run("q,k,v", (q, k, v), opts, return_attn_probs)
 
 
@@ -210,7 +231,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_leftpad=None, block_table=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                            return_softmax_lse=False):
+                            return_softmax_lse=False, *, q_descale=None, k_descale=None,
+                            v_descale=None):
     """Attention of a few new query tokens per sequence against a KV cache (decoding,
     speculative decoding, chunked prefill), appending k, v into the cache first (in place).
 
@@ -247,16 +269,22 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     flashattn.check(); set_options(device_checks=True) checks before the call instead, at the
     price of one stream synchronisation. There is no autograd: this is an inference call.
 
+    q_descale, k_descale, v_descale  FP8 q, caches and k, v (one FP8 dtype): fp32
+                   (batch, nheads_k) on q's device, None meaning 1; k_descale / v_descale
+                   describe the whole cache (appended tokens included); out is bfloat16.
+                   See the top of flash_attn_interface.
+
     Not supported (NotImplementedError): rotary_cos / rotary_sin (apply the rotary embedding
     to q and k before the call) and cache_leftpad.
     """
     ext = _native.ext
     tracing = _tracing()
     if (ext is not None and not tracing and rotary_cos is None and rotary_sin is None
-            and cache_batch_idx is None and cache_leftpad is None):
+            and cache_batch_idx is None and cache_leftpad is None and q_descale is None
+            and k_descale is None and v_descale is None):
         r = ext.fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, None, None,
                             return_softmax_lse, softmax_scale, causal, window_size, softcap,
-                            alibi_slopes, num_splits)
+                            alibi_slopes, num_splits, None)
         if r is not NotImplemented:
             return r if return_softmax_lse else r[0]
     if rotary_cos is not None or rotary_sin is not None:
@@ -268,7 +296,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise NotImplementedError(
             "flash_attn_with_kvcache(cache_leftpad=...): left-padded caches are not supported "
             "(the library's caches start at position 0); pass cache_leftpad=None")
-    opts = _core.Options(softmax_scale, causal, window_size, softcap, alibi_slopes)
+    opts = _core.Options(softmax_scale, causal, window_size, softcap, alibi_slopes,
+                         descales=(q_descale, k_descale, v_descale))
     if tracing:
         from . import _torch_ops
         return _torch_ops.kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx,

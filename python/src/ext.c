@@ -360,12 +360,20 @@ static int read_dropout(PyObject *d, fa_params *p) {
 
 /* fwd(q, k, v, out, lse, want_lse, softmax_scale, causal, window_size, softcap,
        alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, grad_check,
-       dropout)
+       dropout, descales)
    -> (out, lse or None), or NotImplemented. With grad_check, NotImplemented also when torch
-   would record the call for autograd (grad mode on, an input requiring grad). */
+   would record the call for autograd (grad mode on, an input requiring grad). descales: see
+   ext_descales. FP8 inputs without a given out are NotImplemented: the Python layer picks the
+   output's dtype (bf16), which is not q's. */
 static PyObject *ext_fwd(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     (void)self;
-    NARGS("fwd", 17);
+    PyObject *a18[18];
+    if (n == 17) { /* descales left out: None (callers of the 17-argument form) */
+        memcpy(a18, a, 17 * sizeof *a);
+        a18[17] = Py_None;
+        a = a18, n = 18;
+    }
+    NARGS("fwd", 18);
     ext_call call;
     ext_call_init(&call);
     fa_params p;
@@ -380,6 +388,11 @@ static PyObject *ext_fwd(PyObject *self, PyObject *const *a, Py_ssize_t n) {
         (r = ext_input(&call, a[1], "k", nd, 1, &k)) ||
         (r = ext_input(&call, a[2], "v", nd, 1, &v)))
         goto done;
+    if ((ext_is_fp8(q.dtype) || ext_is_fp8(k.dtype) || ext_is_fp8(v.dtype)) && a[3] == Py_None) {
+        r = EXT_DECLINE; /* the Python layer picks out's dtype and names a mixed one */
+        goto done;
+    }
+    if ((r = ext_descales(&call, a[17], &p))) goto done;
     want_lse = a[4] != Py_None || PyObject_IsTrue(a[5]);
     int64_t lshape[3];
     int lnd;
@@ -453,13 +466,21 @@ done:
 }
 
 /* fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, want_lse,
-               softmax_scale, causal, window_size, softcap, alibi_slopes, num_splits)
-   -> (out, lse or None), or NotImplemented. The fast path takes cache_seqlens as an int32
-   array of batch values and block_table as int32 (batch, max_pages) rows, both on the
-   tensors' device; k and v are appended into the caches in place. */
+               softmax_scale, causal, window_size, softcap, alibi_slopes, num_splits,
+               descales)
+   -> (out, lse or None), or NotImplemented (FP8 q without out too, as for fwd). The fast
+   path takes cache_seqlens as an int32 array of batch values and block_table as int32
+   (batch, max_pages) rows, both on the tensors' device; k and v are appended into the caches
+   in place. */
 static PyObject *ext_fwd_kvcache(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     (void)self;
-    NARGS("fwd_kvcache", 16);
+    PyObject *a17[17];
+    if (n == 16) { /* descales left out: None */
+        memcpy(a17, a, 16 * sizeof *a);
+        a17[16] = Py_None;
+        a = a17, n = 17;
+    }
+    NARGS("fwd_kvcache", 17);
     ext_call call;
     ext_call_init(&call);
     fa_params p;
@@ -474,6 +495,8 @@ static PyObject *ext_fwd_kvcache(PyObject *self, PyObject *const *a, Py_ssize_t 
     if (read_options(a + 10, &p)) goto fail;
     if (as_int_bits(a[15], &splits, "num_splits", 32)) goto fail; /* an int in C */
     if ((r = ext_input(&call, a[0], "q", 4, 1, &q))) goto done;
+    if (ext_is_fp8(q.dtype) && a[7] == Py_None) { r = EXT_DECLINE; goto done; }
+    if ((r = ext_descales(&call, a[16], &p))) goto done;
     if (append) {
         if ((r = ext_inplace(&call, a[1], "k_cache", 4, &cache.k)) ||
             (r = ext_inplace(&call, a[2], "v_cache", 4, &cache.v)) ||
@@ -660,6 +683,11 @@ static PyObject *ext_bind_torch(PyObject *self, PyObject *torch) {
               get_attr(torch, "float64", &G.dt_f64) || get_attr(torch, "int32", &G.dt_i32) ||
               get_attr(torch, "is_grad_enabled", &G.grad_enabled) ||
               get_attr(torch, "empty_like", &G.empty_like);
+    /* FP8 dtypes: optional (a torch without them has no such tensors to pass) */
+    if (!bad && PyObject_HasAttrString(torch, "float8_e4m3fn"))
+        bad = get_attr(torch, "float8_e4m3fn", &G.dt_f8e4m3);
+    if (!bad && PyObject_HasAttrString(torch, "float8_e5m2"))
+        bad = get_attr(torch, "float8_e5m2", &G.dt_f8e5m2);
     if (!bad && PyObject_HasAttrString(C, "_cuda_getCurrentRawStream"))
         bad = get_attr(C, "_cuda_getCurrentRawStream", &G.raw_stream) ||
               get_attr(C, "_cuda_cudaCachingAllocator_raw_alloc", &G.raw_alloc) ||

@@ -11,7 +11,7 @@
 /* Attribute names, interned once (ext_args_init). */
 static PyObject *s_data_ptr, *s_shape, *s_stride, *s_dtype, *s_is_cuda, *s_is_cpu,
     *s_get_device, *s_contiguous, *s_new_empty, *s_requires_grad, *s_fill_, *s_fill, *s_view,
-    *s_device, *s_uint16, *s_name;
+    *s_device, *s_uint16, *s_uint8, *s_name;
 
 int ext_args_init(void) {
     struct {
@@ -24,7 +24,8 @@ int ext_args_init(void) {
                  {&s_new_empty, "new_empty"},   {&s_requires_grad, "requires_grad"},
                  {&s_fill_, "fill_"},           {&s_fill, "fill"},
                  {&s_view, "view"},             {&s_device, "device"},
-                 {&s_uint16, "uint16"},         {&s_name, "name"}};
+                 {&s_uint16, "uint16"},         {&s_uint8, "uint8"},
+                 {&s_name, "name"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!(*names[i].slot = PyUnicode_InternFromString(names[i].s))) return -1;
     return 0;
@@ -87,6 +88,8 @@ static int torch_dtype(PyObject *x, fa_dtype *dt, int *is_i32) {
     else if (d == G.dt_f16) *dt = FA_DTYPE_F16;
     else if (d == G.dt_bf16) *dt = FA_DTYPE_BF16;
     else if (d == G.dt_f64) *dt = FA_DTYPE_F64;
+    else if (G.dt_f8e4m3 && d == G.dt_f8e4m3) *dt = FA_DTYPE_F8_E4M3;
+    else if (G.dt_f8e5m2 && d == G.dt_f8e5m2) *dt = FA_DTYPE_F8_E5M2;
     else ok = 0;
     Py_DECREF(d);
     return ok ? 0 : 1;
@@ -145,22 +148,30 @@ static int torch_layout(PyObject *x, fa_tensor *t) {
 
 /* ---- numpy (buffer protocol) ---- */
 
-/* fa dtype of a buffer format; 0 when the format is not one the library reads. */
-static int numpy_dtype(const Py_buffer *b, int bf16_view, fa_dtype *dt) {
+/* fa dtype of a buffer format; 0 when the format is not one the library reads. view is the
+   dtype of an ml_dtypes array read through a view of its bits (0: none). */
+static int numpy_dtype(const Py_buffer *b, fa_dtype view, fa_dtype *dt) {
     const char *f = b->format ? b->format : "B";
     if (*f == '=' || *f == '@') f++;
-    if (bf16_view) return strcmp(f, "H") == 0 ? (*dt = FA_DTYPE_BF16, 1) : 0;
+    if (view == FA_DTYPE_BF16) return strcmp(f, "H") == 0 ? (*dt = FA_DTYPE_BF16, 1) : 0;
+    if (view) return strcmp(f, "B") == 0 ? (*dt = view, 1) : 0; /* FP8: one byte */
     if (strcmp(f, "f") == 0) return *dt = FA_DTYPE_F32, 1;
     if (strcmp(f, "e") == 0) return *dt = FA_DTYPE_F16, 1;
     if (strcmp(f, "d") == 0) return *dt = FA_DTYPE_F64, 1;
     return 0;
 }
 
-/* True when x's dtype is named bfloat16 (ml_dtypes), which numpy cannot export in a buffer. */
-static int numpy_is_bf16(PyObject *x) {
+/* The fa dtype of an ml_dtypes array (bfloat16, float8_e4m3fn, float8_e5m2), which numpy
+   cannot export in a buffer; 0 for any other array. */
+static fa_dtype numpy_ml_dtype(PyObject *x) {
     PyObject *d = PyObject_GetAttr(x, s_dtype);
     PyObject *n = d ? PyObject_GetAttr(d, s_name) : NULL;
-    int r = n && PyUnicode_Check(n) && PyUnicode_CompareWithASCIIString(n, "bfloat16") == 0;
+    fa_dtype r = 0;
+    if (n && PyUnicode_Check(n)) {
+        if (PyUnicode_CompareWithASCIIString(n, "bfloat16") == 0) r = FA_DTYPE_BF16;
+        else if (PyUnicode_CompareWithASCIIString(n, "float8_e4m3fn") == 0) r = FA_DTYPE_F8_E4M3;
+        else if (PyUnicode_CompareWithASCIIString(n, "float8_e5m2") == 0) r = FA_DTYPE_F8_E5M2;
+    }
     Py_XDECREF(n);
     Py_XDECREF(d);
     PyErr_Clear();
@@ -175,22 +186,22 @@ static int numpy_view(ext_call *c, PyObject *x, int writable, fa_tensor *t) {
     }
     const int flags = PyBUF_RECORDS_RO | (writable ? PyBUF_WRITABLE : 0);
     Py_buffer *b = &c->buf[c->nbuf];
-    int bf16 = 0;
+    fa_dtype ml = 0;
     if (PyObject_GetBuffer(x, b, flags) != 0) {
         PyErr_Clear();
-        if (!numpy_is_bf16(x)) return EXT_DECLINE;
-        PyObject *u = PyObject_CallMethodOneArg(x, s_view, s_uint16);
+        if (!(ml = numpy_ml_dtype(x))) return EXT_DECLINE;
+        PyObject *u =
+            PyObject_CallMethodOneArg(x, s_view, ml == FA_DTYPE_BF16 ? s_uint16 : s_uint8);
         if (!u) return -1;
         if (keep(c, u)) return -1;
         if (PyObject_GetBuffer(u, b, flags) != 0) {
             PyErr_Clear();
             return EXT_DECLINE;
         }
-        bf16 = 1;
     }
     c->nbuf++;
     fa_dtype dt;
-    if (!numpy_dtype(b, bf16, &dt) || b->ndim > 4) return EXT_DECLINE;
+    if (!numpy_dtype(b, ml, &dt) || b->ndim > 4) return EXT_DECLINE;
     t->data = b->buf;
     t->dtype = dt;
     t->device = FA_DEVICE_CPU;
@@ -293,7 +304,8 @@ static int torch_view(ext_call *c, PyObject *x, const char *name, int copy_ok, i
         PyObject *d = PyObject_GetAttr(x, s_dtype);
         PyErr_Format(PyExc_TypeError,
                      "unsupported torch dtype %R for %s: use float32, float16 or bfloat16 "
-                     "(float64 only with algo='naive')",
+                     "(float8_e4m3fn / float8_e5m2 as forward inputs; float64 only with "
+                     "algo='naive')",
                      d, name);
         Py_XDECREF(d);
         return -1;
@@ -559,6 +571,33 @@ int ext_index(ext_call *c, PyObject *x, int nd, int which, const int32_t **ptr,
         for (int i = 0; i < nd; i++) shape[i] = t.shape[i];
     if (row_stride) *row_stride = nd == 2 && t.shape[0] > 1 ? t.stride[0] : t.shape[nd - 1];
     *ptr = t.data;
+    return 0;
+}
+
+int ext_is_fp8(fa_dtype dt) { return dt == FA_DTYPE_F8_E4M3 || dt == FA_DTYPE_F8_E5M2; }
+
+int ext_descales(ext_call *c, PyObject *d, fa_params *p) {
+    if (d == Py_None) return 0;
+    if (!PyTuple_Check(d) || PyTuple_GET_SIZE(d) != 4) {
+        PyErr_Format(PyExc_TypeError,
+                     "descales = %R, expected None or (q_descale, k_descale, v_descale, "
+                     "batch_stride)",
+                     d);
+        return -1;
+    }
+    const float **slot[3] = {&p->q_descale, &p->k_descale, &p->v_descale};
+    for (int i = 0; i < 3; i++) {
+        PyObject *x = PyTuple_GET_ITEM(d, i);
+        if (x == Py_None) continue;
+        fa_tensor t;
+        int r = aux_view(c, x, 0, &t);
+        if (r) return r;
+        if (t.ndim != 2) return EXT_DECLINE; /* the Python layer names the expected shape */
+        *slot[i] = t.data;
+    }
+    const long long s = PyLong_AsLongLong(PyTuple_GET_ITEM(d, 3));
+    if (s == -1 && PyErr_Occurred()) return -1;
+    p->descale_batch_stride = s;
     return 0;
 }
 

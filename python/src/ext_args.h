@@ -23,6 +23,7 @@ enum { EXT_TORCH = 1, EXT_NUMPY = 2 };
 typedef struct ext_globals {
     PyObject *tensor_type, *ndarray_type;                 /* NULL while unbound */
     PyObject *dt_f32, *dt_f16, *dt_bf16, *dt_f64, *dt_i32; /* torch dtypes */
+    PyObject *dt_f8e4m3, *dt_f8e5m2; /* torch.float8_e4m3fn / _e5m2 (NULL in an older torch) */
     PyObject *raw_stream, *raw_alloc, *raw_delete;         /* torch._C CUDA entry points */
     PyObject *grad_enabled, *empty_like;                   /* torch.is_grad_enabled, ... */
     PyObject *np_empty, *np_f32, *np_f64;                  /* numpy.empty and dtypes */
@@ -76,6 +77,13 @@ int ext_alibi(ext_call *c, PyObject *x, int64_t batch, int64_t heads_q, fa_param
    (1-d) lands in c->index_len[which], its row stride (2-d) in *row_stride. */
 int ext_index(ext_call *c, PyObject *x, int nd, int which, const int32_t **ptr,
               int64_t *shape, int64_t *row_stride);
+
+/* The FP8 descales: d None (off, NULL pointers) or (q_descale, k_descale, v_descale,
+   batch_stride), each descale None or an fp32 array on the call's device with contiguous rows,
+   as the Python layer normalised them (it checks the shapes; EXT_DECLINE otherwise). */
+int ext_descales(ext_call *c, PyObject *d, fa_params *p);
+/* True for FA_DTYPE_F8_E4M3 / FA_DTYPE_F8_E5M2. */
+int ext_is_fp8(fa_dtype dt);
 
 /* No token rows at all (batch, seqlen or total is 0) while heads and head_dim are not. */
 int ext_rows_empty(const fa_tensor *t, int varlen);
