@@ -294,8 +294,7 @@ class Bench:
         m.update(torch=torch.__version__, gpus=self.n,
                  impls=[i[0] for i in a.impls], ops=a.ops,
                  card=torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
-                 nccl=".".join(map(str, torch.cuda.nccl.version()))
-                 if a.device == "cuda" else None,
+                 nccl=nccl_version(torch) if a.device == "cuda" else None,
                  env={k: os.environ.get(k) for k in NCCL_ENV})
         return m
 
@@ -312,6 +311,14 @@ class Bench:
                 f.write(table(self.meta(), self.rows, self.notes))
 
 
+def nccl_version(torch):
+    try:
+        v = torch.cuda.nccl.version()
+        return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    except Exception as e:  # the table says so rather than failing the run
+        return f"unknown ({type(e).__name__})"
+
+
 def fmt(x, spec):
     return "–" if x is None else format(x, spec)
 
@@ -323,7 +330,7 @@ def table(m, rows, notes):
              f"{'causal' if m['causal'] else 'no mask'}, layout {m['layout']}",
              f"- torch {m['torch']}, NCCL {m['nccl']}; env {m['env']}",
              f"- timing: median of {m['reps']} calls after {m['warmup']} warm-up calls, each after "
-             "a barrier, CUDA events per rank; ms = the slowest rank's median; FLOPs "
+             "a barrier, CUDA events per rank (--device cpu: wall clock); ms = the slowest rank's median; FLOPs "
              "4·B·H·S²·d (half causal), fwd+bwd 3.5x; efficiency = T(1 GPU) / (n · T(n))",
              "- torch:<rotate>[:<sdpa>] = torch.distributed.tensor.experimental.context_parallel "
              "around SDPA, k/v repeated to the query heads (4x the K/V bytes of the GQA ring)",
