@@ -334,7 +334,9 @@ def table(m, rows, notes):
              "4·B·H·S²·d (half causal), fwd+bwd 3.5x; efficiency = T(1 GPU) / (n · T(n))",
              "- torch:<rotate>[:<sdpa>] = torch.distributed.tensor.experimental.context_parallel "
              "around SDPA, k/v repeated to the query heads (4x the K/V bytes of the GQA ring)",
-             "- diff: max / mean |out - flash_attn_func(whole sequence) on 1 GPU|, forward", "",
+             "- diff: max / mean |out - flash_attn_func(whole sequence) on 1 GPU|, forward",
+             "- efficiency of every row is against flash_attn_func's 1-GPU time (the torch rows "
+             "too: the peer's own 1-GPU SDPA time is not measured)", "",
              "| impl | op | GPUs | ms | ms per rank | TFLOP/s per GPU | 1-GPU ms | efficiency "
              "| peak GiB (rank 0) | diff max / mean |",
              "|---|---|---:|---:|---|---:|---:|---:|---:|---|"]
