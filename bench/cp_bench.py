@@ -144,7 +144,9 @@ def inputs(torch, a, dtype):
     g = torch.Generator(device=a.dev).manual_seed(1234)
     shape_q = (a.batch, a.tokens, a.heads, a.head_dim)
     shape_k = (a.batch, a.tokens, a.heads_k, a.head_dim)
-    mk = lambda s: torch.randn(s, generator=g, device=a.dev, dtype=torch.float32).to(dtype)  # noqa: E731
+
+    def mk(shape):
+        return torch.randn(shape, generator=g, device=a.dev, dtype=torch.float32).to(dtype)
     return mk(shape_q), mk(shape_k), mk(shape_k), mk(shape_q)
 
 
@@ -210,7 +212,7 @@ class Bench:
         self.torch, self.dist, self.a = torch, dist, a
         self.timer = Timer(torch, dist, a)
         self.rank, self.n = dist.get_rank(), dist.get_world_size()
-        self.rows, self.notes = [], []
+        self.rows, self.notes, self.comm = [], [], []
         self.single_out = None
 
     def peak_reset(self):
@@ -306,12 +308,35 @@ class Bench:
         if a.json:
             tmp = a.json + ".tmp"
             with open(tmp, "w") as f:
-                json.dump({"config": self.meta(), "rows": self.rows, "errors": self.notes}, f,
+                json.dump({"config": self.meta(), "rows": self.rows, "comm": self.comm,
+                           "errors": self.notes}, f,
                           indent=1)
             os.replace(tmp, a.json)
         if a.md:
             with open(a.md, "w") as f:
-                f.write(table(self.meta(), self.rows, self.notes))
+                f.write(table(self.meta(), self.rows, self.notes, self.comm))
+
+
+def time_hops(torch, dist, a, b, dtype):
+    """One hop of the ring alone (send to the next rank, receive from the previous one, as
+    context_parallel_attn posts it): the K/V message of the longest shard in the input dtype,
+    and the dK/dV message of the backward in fp32; the slowest rank's median."""
+    from flashattn.distributed import shard_lengths
+    from flashattn.distributed._ring import TAG_DKV, TAG_KV, Ring
+    ring = Ring(None)
+    numel = a.batch * max(shard_lengths(a.tokens, ring.size, a.layout)) * a.heads_k * \
+        a.head_dim * 2
+    for what, dt, tag in (("K/V " + a.dtype, dtype, TAG_KV), ("dK/dV fp32", torch.float32,
+                                                             TAG_DKV)):
+        send = torch.zeros(numel, dtype=dt, device=a.dev)
+        recv = torch.empty_like(send)
+        ms = b.timer(lambda: ring.wait(ring.shift(send, recv, tag)))
+        slow = max(b.timer.per_rank(ms))
+        mb = numel * send.element_size() / 1e6
+        b.comm.append(dict(what=what, mb=mb, ms=slow, gbps=mb / 1e3 / (slow * 1e-3)))
+        del send, recv
+    if b.rank == 0:
+        b.write()
 
 
 def nccl_version(torch):
@@ -326,15 +351,16 @@ def fmt(x, spec):
     return "–" if x is None else format(x, spec)
 
 
-def table(m, rows, notes):
+def table(m, rows, notes, comm=()):
     lines = [f"# Context-parallel attention: {m['gpus']} x {m['card']}", "",
              f"- shape: batch {m['batch']}, {m['tokens']} tokens, {m['heads']} query heads over "
              f"{m['heads_k']} kv heads, d {m['head_dim']}, {m['dtype']}, "
              f"{'causal' if m['causal'] else 'no mask'}, layout {m['layout']}",
              f"- torch {m['torch']}, NCCL {m['nccl']}; env {m['env']}",
              f"- timing: median of {m['reps']} calls after {m['warmup']} warm-up calls, each after "
-             "a barrier, CUDA events per rank (--device cpu: wall clock); ms = the slowest rank's median; FLOPs "
-             "4·B·H·S²·d (half causal), fwd+bwd 3.5x; efficiency = T(1 GPU) / (n · T(n))",
+             "a barrier, CUDA events per rank (--device cpu: wall clock); ms = the slowest "
+             "rank's median; FLOPs 4·B·H·S²·d (half causal), fwd+bwd 3.5x; "
+             "efficiency = T(1 GPU) / (n · T(n))",
              "- torch:<rotate>[:<sdpa>] = torch.distributed.tensor.experimental.context_parallel "
              "around SDPA, k/v repeated to the query heads (4x the K/V bytes of the GQA ring)",
              "- diff: max / mean |out - flash_attn_func(whole sequence) on 1 GPU|, forward",
@@ -357,6 +383,9 @@ def table(m, rows, notes):
         if r["impl"].startswith("torch") and r["op"] in ours:
             lines.append(f"- {r['op']}: {r['impl']} / flashattn time = "
                          f"{r['ms'] / ours[r['op']]:.2f}")
+    for c in comm:
+        lines.append(f"- one ring hop alone, {c['what']}: {c['mb']:.4g} MB per rank in "
+                     f"{c['ms']:.2f} ms ({c['gbps']:.3g} GB/s each way), what the overlap hides")
     for e in notes:
         lines.append(f"- error: {e}")
     return "\n".join(lines) + "\n"
@@ -419,9 +448,15 @@ def main(argv=None):
                 except Exception as e:  # the peer is experimental: report, go on
                     b.fail(name, op, e)
                 dist.barrier()  # a rank that failed early waits here for the others
+        if names is ours and b.n > 1:
+            try:
+                time_hops(torch, dist, a, b, dtype)
+            except Exception as e:
+                b.fail("ring hop", "alone", e)
+            dist.barrier()
     if b.rank == 0:
         print()
-        print(table(b.meta(), b.rows, b.notes), flush=True)
+        print(table(b.meta(), b.rows, b.notes, b.comm), flush=True)
     dist.destroy_process_group()
     return 1 if b.notes and not b.rows else 0
 
