@@ -122,8 +122,9 @@ fi
 
 if has_stage test; then
   run_stage test 150 "$bench_reserve" 30 "$OUT/test.log" \
-    bash -c "cd python/tests && exec \"\$PYTHON\" -m pytest -p no:cacheprovider -q -rs test_distributed.py ${TEST_ARGS:-}"
-  # the counts, and every skip reason once (an NCCL run that skipped is missing evidence)
+    bash -c "cd python/tests && exec \"\$PYTHON\" -m pytest -p no:cacheprovider -v -rs test_distributed.py ${TEST_ARGS:-}"
+  # the counts, and every skip reason once (an NCCL run that skipped is missing evidence);
+  # -v: a run cut off by its timeout still shows which tests passed (the NCCL runs come first)
   grep -E "passed|failed|error" "$OUT/test.log" | tail -n 1 | sed 's/^/  test: /' | tee -a "$SUMMARY"
   grep -E "^SKIPPED" "$OUT/test.log" | sed -E 's/^SKIPPED \[[0-9]+\] [^:]+:[0-9]+: //' | sort | uniq -c |
     sed 's/^/  skipped: /' | tee -a "$SUMMARY"
