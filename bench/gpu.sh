@@ -106,22 +106,10 @@ publish() {
 }
 note() { echo "$*" | tee -a "$SUMMARY"; }
 
-# Our Python package for the door stage, against the library already built in $BUILD:
-# scripts/pip_install_prebuilt.sh pip-installs ./python offline (--no-build-isolation) where
-# that script exists; otherwise, or if it fails, the package runs from the source tree on the
-# ctypes path (torch_door.py's table names the binding that ran either way).
-install_package() {
-  if [ -f scripts/pip_install_prebuilt.sh ]; then
-    if bash scripts/pip_install_prebuilt.sh "$BUILD"; then
-      note "install_package: scripts/pip_install_prebuilt.sh $BUILD ok"
-      return 0
-    fi
-    note "install_package: scripts/pip_install_prebuilt.sh failed; FLASHATTN_LIBRARY + PYTHONPATH instead"
-  else
-    note "install_package: no scripts/pip_install_prebuilt.sh; FLASHATTN_LIBRARY + PYTHONPATH"
-  fi
-  export FLASHATTN_LIBRARY=$PWD/$BUILD/libflashattn.so PYTHONPATH=$PWD/python
-}
+# install_package: our Python package against the library built in $BUILD (for the test and
+# door stages); bench/install_package.sh says how. It reports through note().
+# shellcheck source=bench/install_package.sh
+. bench/install_package.sh
 
 # run_stage NAME CAP RESERVE MIN CMD...: runs CMD with its output in $WORK/NAME.log (or
 # $STAGE_LOG) under a timeout of CAP seconds, less if the budget minus RESERVE (kept for later

@@ -1,7 +1,9 @@
 """flashattn.distributed: the shard layouts and the causal schedule (single process), and
-context_parallel_attn over gloo on the CPU with 1, 2 and 4 ranks against the float64 reference
-on the whole sequence (the correctness rule, forward and gradients), zigzag and contiguous,
-causal or not, sequence lengths that 2n does not divide, GQA, fp32 and bf16."""
+context_parallel_attn against the float64 reference on the whole sequence (the correctness
+rule, forward and gradients), zigzag and contiguous, causal or not, sequence lengths that 2n
+does not divide, GQA: over gloo on the CPU with 1, 2 and 4 ranks (fp32, fp16, bf16), and over
+NCCL with one GPU per rank, 1, 2 and 4 ranks as far as the GPUs go (fp16, bf16: the CUDA
+backend's dtypes; skipped without CUDA, NCCL, the library's CUDA backend or enough GPUs)."""
 
 import os
 import tempfile
@@ -10,7 +12,7 @@ import numpy as np
 import pytest
 
 import reference as R
-from harness import BF16, F32, Case, check_backward, check_forward, randn
+from harness import BF16, F16, F32, Case, check_backward, check_forward, randn
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
@@ -118,18 +120,19 @@ def test_zigzag_makes_one_balanced_call_per_step():
         assert area == 16 * 16 + 3 * 128  # the same work on every rank
 
 
-# ---- context_parallel_attn over gloo ----
+# ---- context_parallel_attn over gloo (CPU) and NCCL (one GPU per rank) ----
 
-TORCH_DTYPE = {F32: "float32"}
+TORCH_DTYPE = {F32: "float32", F16: "float16"}
 if BF16 is not None:
     TORCH_DTYPE[BF16] = "bfloat16"
+BACKENDS = ("gloo", "nccl")
 
 
 def _cases():
     """(case, layout, pass seqlen) of one run: seq 37 (2n does not divide it) and 64, GQA 4/2,
-    d 16 in fp32, d 32 in bf16; and a sequence shorter than the chunks."""
+    d 16 in fp32, d 64 in fp16, d 32 in bf16; and a sequence shorter than the chunks."""
     out = []
-    for dtype, d in ((F32, 16), (BF16, 32)):
+    for dtype, d in ((F32, 16), (F16, 64), (BF16, 32)):
         if dtype is None:
             continue
         for seqlen in (37, 64):
@@ -139,14 +142,24 @@ def _cases():
                              causal=causal)
                     out.append((c, layout, len(out) % 2 == 0))
     # 3 tokens: with 4 ranks one zigzag shard is empty (its sends are of size 0)
-    out.append((Case(b=1, sq=3, sk=3, hq=4, hkv=2, d=16, dtype=F32, causal=True), "zigzag",
-                False))
+    for dtype, d in ((F32, 16), (F16, 32)):
+        out.append((Case(b=1, sq=3, sk=3, hq=4, hkv=2, d=d, dtype=dtype, causal=True),
+                    "zigzag", False))
     return out
 
 
 CASES = _cases()
-BROKEN = Case(b=1, sq=37, sk=37, hq=4, hkv=2, d=16, dtype=F32, causal=True)
-HALVES = Case(b=1, sq=37, sk=37, hq=4, hkv=2, d=16, dtype=F32, causal=True)
+
+
+def _on(backend, case):
+    """The case runs on this backend: the CUDA backend takes fp16 and bf16 only."""
+    return backend == "gloo" or case.dtype != F32
+
+
+def _special(backend):
+    """The broken-schedule and subgroup cases, in a dtype the backend takes."""
+    dtype, d = (F32, 16) if backend == "gloo" else (F16, 32)
+    return Case(b=1, sq=37, sk=37, hq=4, hkv=2, d=d, dtype=dtype, causal=True)
 
 
 def _name(case, layout):
@@ -159,10 +172,24 @@ def _inputs(case, rng):
     return [randn(rng, s, case.dtype) for s in (shape_q, shape_k, shape_k, shape_q)]
 
 
-def _spawn(n, jobs):
-    """Runs dist_worker.run on n gloo ranks over jobs [(name, case, layout, broken, give
+def _nccl_missing(n):
+    """Why NCCL cannot run n ranks here (None: it can)."""
+    if not dist.is_nccl_available():
+        return "this torch build has no NCCL"
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    if torch.cuda.device_count() < n:
+        return f"{n} ranks need {n} GPUs, this machine has {torch.cuda.device_count()}"
+    if not flashattn.has_cuda():
+        return "libflashattn was built without the CUDA backend"
+    return None
+
+
+def _spawn(backend, n, jobs):
+    """Runs dist_worker.run on n ranks of backend over jobs [(name, case, layout, broken, give
     seqlen, halves, arrays)]; returns {name: [out, lse, dq, dk, dv]} put back in sequence
-    order (halves: a list of two such, one per group of n/2 ranks)."""
+    order (halves: a list of two such, one per group of n/2 ranks), and for a GPU run of one
+    rank {name + "#single": the same from flash_attn_func there}."""
     import torch.multiprocessing as mp
 
     import dist_worker
@@ -173,16 +200,21 @@ def _spawn(n, jobs):
                        os.path.join(work, f"{name}.pt"))
             specs.append((name, case.causal, layout, TORCH_DTYPE[case.dtype], broken, give,
                           halves))
-        old = os.environ.get("OMP_NUM_THREADS")
-        os.environ["OMP_NUM_THREADS"] = "1"  # n ranks share the machine's cores
+        env = {"OMP_NUM_THREADS": "1"}  # gloo: n ranks share the machine's cores
+        if backend == "nccl":
+            env = dict(dist_worker.NCCL_ENV)  # inherited by the ranks, set before NCCL starts
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
         try:
-            mp.spawn(dist_worker.run, args=(n, work, specs), nprocs=n)
+            mp.spawn(dist_worker.run, args=(n, work, specs, backend), nprocs=n)
         finally:
-            if old is None:
-                del os.environ["OMP_NUM_THREADS"]
-            else:
-                os.environ["OMP_NUM_THREADS"] = old
+            for k, v in old.items():
+                if v is None:
+                    del os.environ[k]
+                else:
+                    os.environ[k] = v
         per_rank = [torch.load(os.path.join(work, f"rank{r}.pt")) for r in range(n)]
+
     def whole(name, layout, ranks):
         parts = list(zip(*(per_rank[r][name] for r in ranks)))  # per output, the shards
         return [fd.unsplit(list(ts), layout, dim=2 if i == 1 else 1).numpy()
@@ -193,25 +225,41 @@ def _spawn(n, jobs):
         h = n // 2
         res[name] = [whole(name, layout, range(0, h)), whole(name, layout, range(h, n))] \
             if halves else whole(name, layout, range(n))
+        if name + "#single" in per_rank[0]:
+            res[name + "#single"] = [t.numpy() for t in per_rank[0][name + "#single"]]
     return res
 
 
-@pytest.fixture(scope="module", params=[1, 2, 4], ids=lambda n: f"world{n}")
+# NCCL first: on a GPU machine under a time limit its runs are the ones that matter
+RUNS = [(b, n) for b in ("nccl", "gloo") for n in (1, 2, 4)]
+
+
+def _run_id(p):
+    return f"{p[0]}-world{p[1]}"
+
+
+@pytest.fixture(scope="module", params=RUNS, ids=_run_id)
 def run(request):
-    """One process group per world size for every case (with 2 ranks the broken schedule too,
-    with 4 the two subgroups): (world size, inputs by name, results by name, the seed)."""
-    n = request.param
+    """One process group per (backend, world size) for every case of that backend (with 2
+    ranks the broken schedule too, with 4 the two subgroups): (backend, world size, inputs by
+    name, results by name, the seed)."""
+    backend, n = request.param
+    if backend == "nccl":
+        why = _nccl_missing(n)
+        if why:
+            pytest.skip(f"NCCL with {n} ranks: {why}")
     seed = int.from_bytes(os.urandom(4), "little") if "FLASHATTN_TEST_SEED" not in os.environ \
         else int(os.environ["FLASHATTN_TEST_SEED"], 0)
-    rng = np.random.default_rng([seed, n])
+    rng = np.random.default_rng([seed, n, BACKENDS.index(backend)])
     jobs = [(_name(c, lay), c, lay, False, give, False, _inputs(c, rng))
-            for c, lay, give in CASES]
+            for c, lay, give in CASES if _on(backend, c)]
+    special = _special(backend)
     if n == 2:
-        jobs.append(("broken", BROKEN, "zigzag", True, True, False, _inputs(BROKEN, rng)))
+        jobs.append(("broken", special, "zigzag", True, True, False, _inputs(special, rng)))
     if n == 4:
-        jobs.append(("halves", HALVES, "zigzag", False, False, True, _inputs(HALVES, rng)))
-    res = _spawn(n, jobs)
-    return n, {j[0]: j[-1] for j in jobs}, res, (seed, n)
+        jobs.append(("halves", special, "zigzag", False, False, True, _inputs(special, rng)))
+    res = _spawn(backend, n, jobs)
+    return backend, n, {j[0]: j[-1] for j in jobs}, res, (seed, n)
 
 
 def _as(dtype, x):
@@ -221,14 +269,16 @@ def _as(dtype, x):
 @pytest.mark.parametrize("case,layout,give", CASES,
                          ids=[f"{c}-{lay}" for c, lay, _ in CASES])
 def test_context_parallel_matches_reference(run, case, layout, give):
-    n, inputs, results, seed = run
+    backend, n, inputs, results, seed = run
+    if not _on(backend, case):
+        pytest.skip(f"{backend}: the CUDA backend takes fp16 and bf16")
     name = _name(case, layout)
     q, k, v, dout = inputs[name]
     out, lse, dq, dk, dv = results[name]
     check_forward(case, seed, q, k, v, None, None, None, _as(case.dtype, out), lse)
     check_backward(case, seed, q, k, v, dout, None, None, None,
                    *(_as(case.dtype, g) for g in (dq, dk, dv)))
-    if n == 1:
+    if n == 1 and backend == "gloo":
         # one rank is one flash_attn_func call on the whole sequence: the same bits
         t = [torch.from_numpy(x.astype(np.float32)).to(getattr(torch, TORCH_DTYPE[case.dtype]))
              for x in (q, k, v, dout)]
@@ -238,24 +288,32 @@ def test_context_parallel_matches_reference(run, case, layout, give):
         o.backward(t[3])
         for got, want in ((out, o), (lse, l), (dq, tq.grad), (dk, tk.grad), (dv, tv.grad)):
             assert np.array_equal(got, want.detach().float().numpy())
+    if n == 1 and backend == "nccl":
+        # the same on the GPU for the forward; the GPU backward sums dQ with atomics (its
+        # bits vary from call to call), so the gradients are held to the rule above only
+        want = results[name + "#single"]
+        assert np.array_equal(out, want[0]) and np.array_equal(lse, want[1])
 
 
-@pytest.mark.parametrize("run", [2], ids=["world2"], indirect=True)
+@pytest.mark.parametrize("run", [("gloo", 2), ("nccl", 2)], ids=_run_id, indirect=True)
 def test_a_broken_schedule_fails_the_rule(run):
     """The comparison can fail: the causal ring with its diagonal unmasked is caught."""
-    n, inputs, results, seed = run
+    backend, n, inputs, results, seed = run
     q, k, v, _ = inputs["broken"]
     out, lse = results["broken"][:2]
+    case = _special(backend)
     with pytest.raises(AssertionError):
-        check_forward(BROKEN, seed, q, k, v, None, None, None, out, lse)
+        check_forward(case, seed, q, k, v, None, None, None, _as(case.dtype, out), lse)
 
 
-@pytest.mark.parametrize("run", [4], ids=["world4"], indirect=True)
+@pytest.mark.parametrize("run", [("gloo", 4), ("nccl", 4)], ids=_run_id, indirect=True)
 def test_subgroups(run):
     """group=: ranks 0-1 and 2-3 run the same case as two groups of 2 at once (the second's
     group ranks are not its global ranks; seqlen=None gathers the lengths within a group)."""
-    n, inputs, results, seed = run
+    backend, n, inputs, results, seed = run
     q, k, v, dout = inputs["halves"]
+    case = _special(backend)
     for out, lse, dq, dk, dv in results["halves"]:
-        check_forward(HALVES, seed, q, k, v, None, None, None, out, lse)
-        check_backward(HALVES, seed, q, k, v, dout, None, None, None, dq, dk, dv)
+        check_forward(case, seed, q, k, v, None, None, None, _as(case.dtype, out), lse)
+        check_backward(case, seed, q, k, v, dout, None, None, None,
+                       *(_as(case.dtype, g) for g in (dq, dk, dv)))

@@ -58,15 +58,20 @@ class _Shards:
 
 def _merge(torch, acc_out, acc_lse, q0, q1, o, lse):
     """acc := the attention over the union of acc's keys and o's (rows q0:q1), by their LSEs.
-    A row with no key in either keeps out 0 and LSE -inf (no 0 * inf)."""
+    As a lerp (acc + w * (o - acc), w = exp(lse_o - lse_new), one pass over acc instead of
+    three): the two weights sum to 1, and lerp is exact at w = 0 and w = 1. A row with no key
+    in either keeps out 0 and LSE -inf (w = 0, no 0 * inf)."""
     a = acc_lse[:, :, q0:q1]
     new = torch.logaddexp(a, lse)
     base = torch.where(torch.isinf(new), torch.zeros_like(new), new)
-    wa = torch.exp(a - base).transpose(1, 2).unsqueeze(-1)
-    wb = torch.exp(lse - base).transpose(1, 2).unsqueeze(-1)
-    rows = acc_out[:, q0:q1]
-    rows.mul_(wa).add_(o.float() * wb)
+    w = torch.exp(lse - base).transpose(1, 2).unsqueeze(-1)
+    acc_out[:, q0:q1].lerp_(o.float(), w)
     acc_lse[:, :, q0:q1] = new
+
+
+def _covers(b, nq, nk):
+    """The block is the whole (queries x keys) square of the step."""
+    return (b.q0, b.q1, b.k0, b.k1) == (0, nq, 0, nk)
 
 
 def _opts(scale, causal):
@@ -75,29 +80,41 @@ def _opts(scale, causal):
 
 def _forward(torch, ring, sh, q, k, v, causal, scale):
     n, r = ring.size, ring.rank
-    acc_out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    acc_lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"),
-                         dtype=torch.float32, device=q.device)
+    acc_out = acc_lse = None  # the first call over every row and key sets them (no zero pass)
     bufs = [sh.pack(torch, k, v, r), torch.empty(sh.max_numel(), dtype=k.dtype, device=k.device)]
     for t in range(n):
         s, nxt = (r - t) % n, (r - t - 1) % n
         cur, spare = bufs[t % 2], bufs[(t + 1) % 2]
-        if t + 1 < n:  # posted before this step's compute: the transfer overlaps it
+        # Posted before this step's compute, waited on only before the next step reads it: on
+        # NCCL the transfer runs on NCCL's stream, which waits for what the current stream has
+        # queued so far (the previous step read `spare`), and overlaps this step's attention.
+        if t + 1 < n:
             works = ring.shift(cur[:sh.numel(s)], spare[:sh.numel(nxt)], TAG_KV)
         ks, vs = sh.unpack(cur, s)
         for b in _schedule.blocks(sh.seqlen, n, r, s, causal, sh.layout):
             o, lse = _core.attention_forward(q[:, b.q0:b.q1], ks[:, b.k0:b.k1],
                                              vs[:, b.k0:b.k1], _opts=_opts(scale, b.causal))
+            if acc_out is None and _covers(b, q.shape[1], ks.shape[1]):
+                acc_out, acc_lse = o.float(), lse.contiguous()
+                continue
+            if acc_out is None:
+                acc_out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+                acc_lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"),
+                                     dtype=torch.float32, device=q.device)
             _merge(torch, acc_out, acc_lse, b.q0, b.q1, o, lse)
         if t + 1 < n:
-            ring.wait(works)
+            ring.wait(works)  # on NCCL: the current stream waits, the host does not
+    if acc_out is None:  # no call at all (an empty shard)
+        acc_out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        acc_lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"),
+                             dtype=torch.float32, device=q.device)
     return acc_out.to(q.dtype), acc_lse
 
 
 def _backward(torch, ring, sh, dout, q, k, v, out, lse, causal, scale):
     n, r = ring.size, ring.rank
     f32 = torch.float32
-    dq = torch.zeros(q.shape, dtype=f32, device=q.device)
+    dq = None  # the first call over every row sets it (no zero pass)
     bufs = [sh.pack(torch, k, v, r), torch.empty(sh.max_numel(), dtype=k.dtype, device=k.device)]
     sums = [torch.empty(sh.max_numel(), dtype=f32, device=q.device) for _ in range(2)]
     acc = None
@@ -107,16 +124,28 @@ def _backward(torch, ring, sh, dout, q, k, v, out, lse, causal, scale):
         if t + 1 < n:
             kv_works = ring.shift(cur[:sh.numel(s)], spare[:sh.numel(nxt)], TAG_KV)
         ks, vs = sh.unpack(cur, s)
-        part = torch.zeros(sh.numel(s), dtype=f32, device=q.device)
+        bl = _schedule.blocks(sh.seqlen, n, r, s, causal, sh.layout)
+        # one call over the whole square writes every element: no zero pass before it
+        whole = len(bl) == 1 and _covers(bl[0], q.shape[1], ks.shape[1])
+        part = (torch.empty if whole else torch.zeros)(sh.numel(s), dtype=f32, device=q.device)
         dks, dvs = sh.unpack(part, s)
-        for b in _schedule.blocks(sh.seqlen, n, r, s, causal, sh.layout):
+        for b in bl:
             rows = slice(b.q0, b.q1)
             g = _core.attention_backward(dout[:, rows], q[:, rows], ks[:, b.k0:b.k1],
                                          vs[:, b.k0:b.k1], out[:, rows], lse[:, :, rows],
                                          _opts=_opts(scale, b.causal))
-            dq[:, rows] += g[0]
-            dks[:, b.k0:b.k1] += g[1]
-            dvs[:, b.k0:b.k1] += g[2]
+            if dq is None and whole:
+                dq = g[0].float()
+            else:
+                if dq is None:
+                    dq = torch.zeros(q.shape, dtype=f32, device=q.device)
+                dq[:, rows] += g[0]
+            if whole:
+                dks.copy_(g[1])
+                dvs.copy_(g[2])
+            else:
+                dks[:, b.k0:b.k1] += g[1]
+                dvs[:, b.k0:b.k1] += g[2]
         if t == 0:
             acc = part
         else:  # shard s's sum so far arrived from the previous rank during the compute
@@ -129,6 +158,8 @@ def _backward(torch, ring, sh, dout, q, k, v, out, lse, causal, scale):
     if n > 1:
         ring.wait(dkv_works)
         acc = sums[(n - 1) % 2][:sh.numel(r)]
+    if dq is None:  # no call at all (an empty shard)
+        dq = torch.zeros(q.shape, dtype=f32, device=q.device)
     dk, dv = sh.unpack(acc, r)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 

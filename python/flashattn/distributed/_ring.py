@@ -26,13 +26,19 @@ class Ring:
         return r if self.group is None else dist.get_global_rank(self.group, r)
 
     def shift(self, send, recv, tag):
-        """Posts send -> next rank and recv <- previous rank; returns the works to wait on."""
+        """Posts send -> next rank and recv <- previous rank; returns the works to wait on.
+        NCCL: the transfer runs on NCCL's own stream, which first waits for what the current
+        stream has queued so far (so send may be what the last kernel wrote, and recv what
+        it read); the host returns at once. Post it before the compute it should overlap."""
         ops = [dist.P2POp(dist.isend, send, self.next, self.group, tag),
                dist.P2POp(dist.irecv, recv, self.prev, self.group, tag)]
         return dist.batch_isend_irecv(ops)
 
     @staticmethod
     def wait(works):
+        """NCCL: the current stream waits for the transfers (the host does not, unless
+        TORCH_NCCL_BLOCKING_WAIT is set); gloo: the host waits. Call it just before the
+        received buffer is read."""
         for w in works:
             w.wait()
 
