@@ -364,7 +364,13 @@ void fa_bad_index_format(const fa_bad_index *r, char *buf, size_t len) {
         snprintf(buf, len, "cache->seqlens[%d] = %d is negative", r->i, r->value);
         return;
     case FA_BAD_SEQLEN_ROOM:
-        if (r->prev)
+        if (r->array) /* paged: the room is the block table's row, pages times page_size */
+            snprintf(buf, len,
+                     "cache->seqlens[%d] = %d with %d new tokens exceeds the %lld tokens that a "
+                     "row of cache->block_table maps (max_pages * page_size): the block table is "
+                     "too small",
+                     r->i, r->value, r->prev, (long long)r->limit);
+        else if (r->prev)
             snprintf(buf, len,
                      "cache->seqlens[%d] = %d with %d new tokens exceeds the cache's capacity of "
                      "%lld tokens",

@@ -264,7 +264,7 @@ typedef enum fa_bad_kind {
 
 typedef struct fa_bad_index {
     int32_t kind;   /* fa_bad_kind; FA_BAD_NONE: nothing recorded */
-    int32_t array;  /* cu_seqlens: 0 for _q, 1 for _k */
+    int32_t array;  /* cu_seqlens: 0 for _q, 1 for _k; seqlens past the room: 1 when paged */
     int32_t i, j;   /* the element: sequence (or prefix index) and block_table column */
     int32_t value;  /* what it holds */
     int32_t prev;   /* the element before it (cu_seqlens), or seqlen_new (seqlens) */

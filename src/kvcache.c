@@ -57,13 +57,19 @@ static fa_status check_cache_contents(fa_call *c, const fa_kvcache *cache, const
         if (len < 0)
             return fa_fail(ctx, FA_ERR_SHAPE, "%s: cache->seqlens[%lld] = %lld, must be >= 0",
                            c->fn, (long long)b, (long long)len);
+        if (total > pr->seqlen_k && pr->block_table)
+            return fa_fail(ctx, FA_ERR_SHAPE,
+                           "%s: sequence %lld holds %lld tokens + %lld new, more than the %lld "
+                           "that a row of block_table maps (max_pages * page_size): the block "
+                           "table is too small",
+                           c->fn, (long long)b, (long long)len, (long long)pr->seqlen_new,
+                           (long long)pr->seqlen_k);
         if (total > pr->seqlen_k)
             return fa_fail(ctx, FA_ERR_SHAPE,
                            "%s: sequence %lld holds %lld tokens + %lld new, the cache has room "
-                           "for %lld (%s)",
+                           "for %lld (max_len)",
                            c->fn, (long long)b, (long long)len, (long long)pr->seqlen_new,
-                           (long long)pr->seqlen_k,
-                           pr->block_table ? "max_pages * page_size" : "max_len");
+                           (long long)pr->seqlen_k);
         if (!pr->block_table) continue;
         const int32_t *row = pr->block_table + b * pr->bt_stride;
         for (int64_t i = 0; i < (total + pr->page_size - 1) / pr->page_size; i++)

@@ -591,16 +591,23 @@ static void kv_expect_reference(kvset *s, const char *what) {
 typedef struct kv_bad {
     int table, i;
     int32_t value;
-    const char *frag;
+    const char *frag, *frag_paged; /* frag_paged NULL: the same message for a paged cache */
 } kv_bad;
 
 static const kv_bad kv_bads[] = {
     {0, 1, -5, "cache->seqlens[1] = -5 is negative"},
-    {0, 0, KCAP - 1, "cache->seqlens[0] = 63 with 2 new tokens exceeds the cache's capacity of 64"},
+    {0, 0, KCAP - 1, "cache->seqlens[0] = 63 with 2 new tokens exceeds the cache's capacity of 64",
+     "cache->seqlens[0] = 63 with 2 new tokens exceeds the 64 tokens that a row of "
+     "cache->block_table maps"},
     {1, 2 * KMAXP + 0, 9999, "cache->block_table[2][0] = 9999 is outside the pool of 14 pages"},
     {1, 1 * KMAXP + 2, -1, "cache->block_table[1][2] = -1 is outside the pool of 14 pages"},
 };
 enum { N_KV_BADS = sizeof kv_bads / sizeof kv_bads[0] };
+
+/* The message a bad element gives, paged or not (the paged one names the block table). */
+static const char *kv_frag(const kv_bad *b, int paged) {
+    return paged && b->frag_paged ? b->frag_paged : b->frag;
+}
 
 static void kv_apply(kvset *s, const kv_bad *b) {
     dbuf *d = b->table ? &s->table : &s->seqlens;
@@ -645,7 +652,8 @@ static void cuda_kvcache_async(void **state) {
                 CK(cudaStreamSynchronize(st));
                 kv_download(&s);
                 kv_expect_guards(&s);
-                expect_status(ctx, fa_context_check(ctx), FA_ERR_VARLEN, b->frag, b->frag);
+                expect_status(ctx, fa_context_check(ctx), FA_ERR_VARLEN, kv_frag(b, paged),
+                              kv_frag(b, paged));
                 assert_int_equal(fa_context_check(ctx), FA_OK); /* reported once */
             }
         }
@@ -896,9 +904,10 @@ static void cuda_sync_checks(void **state) {
     for (int i = 0; i < N_KV_BADS; i++) {
         kv_restore(&s);
         kv_apply(&s, &kv_bads[i]);
-        expect_status(ctx, kv_call(ctx, &s, 3), FA_ERR_VARLEN, kv_bads[i].frag, kv_bads[i].frag);
+        const char *frag = kv_frag(&kv_bads[i], 1);
+        expect_status(ctx, kv_call(ctx, &s, 3), FA_ERR_VARLEN, frag, frag);
         assert_null(fa_last_selection(ctx));
-        kv_expect_untouched(&s, kv_bads[i].frag);
+        kv_expect_untouched(&s, frag);
     }
     assert_int_equal(fa_context_check(ctx), FA_OK);
     kv_restore(&s);

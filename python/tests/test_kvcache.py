@@ -448,6 +448,10 @@ def test_library_errors_leave_the_cache_alone():
               f, Q, pool, pool.copy(), KN, KN, cache_seqlens=[3, 4], block_table=bt)
     lib_error("FA_ERR_SHAPE", "the cache has room for 8", f, Q, KC.copy(), KC.copy(), KN, KN,
               cache_seqlens=[3, 8])
+    # paged: the room is a block_table row's pages (2 of 4 tokens), and the message says so
+    lib_error("FA_ERR_SHAPE", "more than the 8 that a row of block_table maps", f, Q, pool,
+              pool.copy(), KN, KN, cache_seqlens=[3, 8],
+              block_table=np.array([[0, 1], [2, 3]], np.int32))
     lib_error("FA_ERR_SHAPE", "seqlens[0] = -1", f, Q, KC.copy(), KC.copy(),
               cache_seqlens=[-1, 2])
     bt = np.array([[0, 1], [1, 2]], np.int32)          # both append to row 1 of page 1

@@ -31,7 +31,9 @@ __device__ int kv_rule(const int *seqlens, const int *bt, int64_t bt_stride, int
         }
     }
     if (r && kind != FA_BAD_NONE) {
-        r->array = 0, r->i = b, r->j = j, r->value = value, r->prev = prev, r->limit = limit;
+        /* array 1: the capacity is what a row of the block table maps (the message names it) */
+        r->array = bt != nullptr, r->i = b, r->j = j, r->value = value, r->prev = prev;
+        r->limit = limit;
         r->kind = kind;
     }
     return kind;
