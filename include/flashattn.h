@@ -506,7 +506,8 @@ FA_API const fa_selection *fa_last_selection(const fa_context *ctx);
  *    element x of its V makes column x of the row's O NaN; NaN in a row's Q makes its O and
  *    LSE NaN. An infinite score (from +-Inf in Q or K): +inf, or Inf - Inf, makes the row NaN;
  *    -inf gives that key weight 0, like a masked one. +-Inf in element x of V makes column x
- *    of O +-Inf (NaN where Infs of both signs meet, or where the key's weight underflows to 0).
+ *    of O +-Inf (NaN where Infs of both signs meet, or where the key's weight underflows to 0;
+ *    NaN on the amx level's fp32 forward, whose products split V into bf16 parts).
  *  Every CPU level keeps these (the amx level too: its tile products take a mask-edge tile's
  *  Inf and NaN out of the product and add their terms only where they are visible). Not yet
  *  everywhere (issue 42): the CUDA kernels keep the first point, but a NaN or Inf in a masked

@@ -25,7 +25,9 @@
  * the one-pass dQ buffer that bwd_schedule.c bounds. Runs of QG query tiles meet KG key tiles
  * at a time (see QG, KG). The head dim is padded with zeros to a multiple of 32, queries and
  * keys to 32 (zero rows), and P and dS are zeroed past the tile's keys, so the padding never
- * reaches a stored value.
+ * reaches a stored value. On a mask edge P and dS of masked keys are 0 by selection, and where
+ * the other operand of a product holds Inf or NaN its masked terms are skipped, not multiplied
+ * by 0 (trans_times_pairs_vis, dq_vis; issue 42).
  *
  * fp32 (`parts` 3, cpu_bwd_amx_bf16x6_f32): every bf16 operand buffer holds three parts (hi,
  * mid, lo), P and dS are split where they are written, and each product runs the six partial

@@ -20,6 +20,8 @@
  * kernel); each product is blocked 2 x 2: C in tmm0-3, A in tmm4-5, B in tmm6-7. The head dim
  * is padded with zeros to a multiple of 32 (the bf16 K step), queries to 32 (zero Q rows give
  * finite scores that only reach output columns never stored), keys to 32 (zero P rows).
+ * Where V holds Inf or NaN in a block of keys that some row does not see, that block's masked
+ * terms are skipped, not multiplied by a zero P (accumulate_vis; issue 42).
  *
  * Scale placement is fwd_tiled.c's (fa_tm_needs_transform): raw dot products, the scale inside
  * the exponential on tiles without a transform, the transform scaling the others.
