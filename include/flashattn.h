@@ -506,10 +506,13 @@ FA_API const fa_selection *fa_last_selection(const fa_context *ctx);
  *    element x of its V makes column x of the row's O NaN; NaN in a row's Q makes its O and
  *    LSE NaN. An infinite score (from +-Inf in Q or K): +inf, or Inf - Inf, makes the row NaN;
  *    -inf gives that key weight 0, like a masked one. +-Inf in element x of V makes column x
- *    of O +-Inf (NaN where Infs of both signs meet, or where the key's weight underflows to 0).
- *  Not yet everywhere (issue 42): the CUDA kernels and the CPU's amx level keep the first
- *  point, but a NaN or Inf in a masked key that shares a key tile with keys the row sees can
- *  still reach the row (a zero weight times NaN in the tile's product).
+ *    of O +-Inf (NaN where Infs of both signs meet, or where the key's weight underflows to 0;
+ *    NaN on the amx level's fp32 forward, whose products split V into bf16 parts).
+ *  Every CPU level keeps these (the amx level too: its tile products take a mask-edge tile's
+ *  Inf and NaN out of the product and add their terms only where they are visible). Not yet
+ *  everywhere (issue 42): the CUDA kernels keep the first point, but a NaN or Inf in a masked
+ *  key that shares a key tile with keys the row sees can still reach the row (a zero weight
+ *  times NaN in the tile's product).
  * Returns FA_OK or: FA_ERR_NULL_POINTER, FA_ERR_INVALID_ARGUMENT, FA_ERR_SHAPE, FA_ERR_DTYPE,
  * FA_ERR_STRIDE, FA_ERR_HEAD_DIM, FA_ERR_GQA, FA_ERR_VARLEN, FA_ERR_OVERFLOW, FA_ERR_DEVICE,
  * FA_ERR_UNSUPPORTED, FA_ERR_NO_BACKEND, FA_ERR_OUT_OF_MEMORY, FA_ERR_WORKSPACE, FA_ERR_CUDA,

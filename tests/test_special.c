@@ -597,21 +597,6 @@ static void cuda_huge_kvcache(void **state) {
             }
 }
 
-/* Whether the level this process runs is the amx one (a bf16 forward's kernel says). */
-static int runs_amx(void) {
-    fa_context *c;
-    if (fa_context_create(&c, FA_BACKEND_CPU) != FA_OK) return 0;
-    uint16_t buf[4 * 8] = {0};
-    fa_tensor q = fa_tensor_bshd(buf, FA_DTYPE_BF16, FA_DEVICE_CPU, 1, 2, 1, 8);
-    fa_tensor k = fa_tensor_bshd(buf + 16, FA_DTYPE_BF16, FA_DEVICE_CPU, 1, 2, 1, 8);
-    uint16_t out[16];
-    fa_tensor o = fa_tensor_bshd(out, FA_DTYPE_BF16, FA_DEVICE_CPU, 1, 2, 1, 8);
-    const int amx = fa_fwd(c, &q, &k, &k, NULL, &o, NULL) == FA_OK &&
-                    strstr(fa_last_selection(c)->kernel, "_amx_") != NULL;
-    fa_context_destroy(c);
-    return amx;
-}
-
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "cuda") == 0) {
         fa_context *c = NULL;
@@ -635,15 +620,5 @@ int main(int argc, char **argv) {
         cmocka_unit_test(masked_backward),  cmocka_unit_test(masked_reference),
         cmocka_unit_test(visible_nan),      cmocka_unit_test(kvcache_special),
     };
-    const int failed = cmocka_run_group_tests(tests, NULL, NULL);
-    /* Known open: the amx level's kernels still form the exponent's argument in one fused
-       multiply-add against the rounded row max and multiply masked terms by zero (issue 42;
-       docs/perf/cpu.md). Its failures are reported above and end as a skip (77) that says
-       so, not as a pass; the other levels must pass. */
-    if (failed && runs_amx()) {
-        fprintf(stderr, "test_special: %d case(s) fail at the amx level: known open (issue 42, "
-                        "the AMX kernels' numerics are not fixed yet)\n", failed);
-        return 77;
-    }
-    return failed;
+    return cmocka_run_group_tests(tests, NULL, NULL);
 }

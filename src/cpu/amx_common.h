@@ -74,6 +74,32 @@ FA_TM_INLINE void copy_row(uint16_t *restrict dst, const void *restrict src, int
     }
 }
 
+/* ---- Inf and NaN in an operand of a tile with a mask edge ---- */
+
+/* A masked term is a zero weight times the other operand, and 0 * Inf or NaN is NaN: where a
+   tile's operand holds such a value, the kernels copy it with those values set to +0 (the
+   product then gives every element the bits it would have had with a finite value there, since
+   the term was 0 * finite = 0), and add the zeroed values' terms back only where they are
+   visible. */
+
+/* Whether bf16 value w is Inf or NaN (exponent field all ones). */
+FA_TM_INLINE int bf16_special(uint16_t w) { return (w & 0x7f80) == 0x7f80; }
+
+/* 32 bf16 values with each Inf and NaN set to +0. */
+FA_TM_INLINE __m512i bf16_zero_specials(__m512i w) {
+    const __m512i e = _mm512_set1_epi16(0x7f80);
+    return _mm512_maskz_mov_epi16(~_mm512_cmpeq_epi16_mask(_mm512_and_si512(w, e), e), w);
+}
+
+/* Whether the n bf16 values at v (n a multiple of 32) are all finite. */
+FA_TM_INLINE int bf16_all_finite(const uint16_t *v, size_t n) {
+    const __m512i e = _mm512_set1_epi16(0x7f80);
+    __mmask32 bad = 0;
+    for (size_t x = 0; x < n; x += 32)
+        bad |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(_mm512_loadu_si512(v + x), e), e);
+    return bad == 0;
+}
+
 /* 32 bf16 rows of src (row stride sld elements, dp columns) -> dst[x * ld + 0..32): their
    transpose, a row per column. Pairs of rows are interleaved into dwords first, so a dword
    transpose finishes the job. */

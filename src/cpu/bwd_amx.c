@@ -25,7 +25,9 @@
  * the one-pass dQ buffer that bwd_schedule.c bounds. Runs of QG query tiles meet KG key tiles
  * at a time (see QG, KG). The head dim is padded with zeros to a multiple of 32, queries and
  * keys to 32 (zero rows), and P and dS are zeroed past the tile's keys, so the padding never
- * reaches a stored value.
+ * reaches a stored value. On a mask edge P and dS of masked keys are 0 by selection, and where
+ * the other operand of a product holds Inf or NaN its masked terms are skipped, not multiplied
+ * by 0 (trans_times_pairs_vis, dq_vis; issue 42).
  *
  * fp32 (`parts` 3, cpu_bwd_amx_bf16x6_f32): every bf16 operand buffer holds three parts (hi,
  * mid, lo), P and dS are split where they are written, and each product runs the six partial
@@ -74,6 +76,7 @@ typedef struct kt_bufs {
     uint32_t *kvn, *vvn; /* dp/2 x BK: kvn[r][j] = (K[j][2r], K[j][2r+1]) */
     uint32_t *kp;        /* BK/2 x dp: kp[r][x] = (K[2r][x], K[2r+1][x]) */
     float *dkt, *dvt;    /* dp x BK: dK^T and dV^T accumulators */
+    int k_finite;        /* whether K (every part) is all finite: see dq_vis */
 } kt_bufs;
 
 /* Elements from one part of an operand buffer to the next. */
@@ -94,6 +97,7 @@ typedef struct bwd_bufs {
                            is a multiple of 4 KiB) */
     float *lse, *dd;    /* group x nrows: LSE (+inf where a row sees no key) and D */
     float *dq;          /* group x nrows x dp: dQ, unscaled */
+    int *q_finite;      /* group x nrows/64: whether a query tile's Q and dO are all finite */
     /* the key tiles */
     uint16_t *stg;       /* BK x dp: K or V rows, zero padded */
     kt_bufs kt[KG];
@@ -136,6 +140,7 @@ static size_t bwd_layout(const fa_problem *p, float *base, bwd_bufs *b) {
     b->lse = fa_tm_take(base, &off, (size_t)p->group * nr);
     b->dd = fa_tm_take(base, &off, (size_t)p->group * nr);
     b->dq = fa_tm_take(base, &off, qside);
+    b->q_finite = (int *)fa_tm_take(base, &off, (size_t)p->group * nr / BQ);
     b->stg = (uint16_t *)fa_tm_take(base, &off, np * BK * dp / 2);
     for (int t = 0; t < KG; t++) {
         kt_bufs *k = &b->kt[t];
@@ -242,6 +247,13 @@ static void pack_queries(const fa_problem *p, const bwd_bufs *B, int64_t b, int6
                 transpose_rows32(qt + at, BQ, qr + from, (size_t)dp, dp);
                 transpose_rows32(dot + at, BQ, dor + from, (size_t)dp, dp);
             }
+        for (int64_t i = 0; i < n64; i += BQ) {
+            int fin = 1;
+            for (int k = 0; k < parts; k++)
+                fin &= bf16_all_finite(qr + k * ps + (size_t)i * dp, (size_t)BQ * dp) &&
+                       bf16_all_finite(dor + k * ps + (size_t)i * dp, (size_t)BQ * dp);
+            B->q_finite[r * (nr / BQ) + i / BQ] = fin;
+        }
     }
 }
 
@@ -376,6 +388,58 @@ static void trans_times_pairs(const bwd_bufs *B, float *acc, const uint16_t *tr,
                      NULL, NULL);
 }
 
+/* trans_times_pairs for a run whose Q or dO rows hold Inf or NaN while some of its rows do
+   not see every key of the tile (a masked term is a zero P or dS times that value: NaN): a K
+   step (32 query rows) at a time, the slab of tr copied into stg (free while key tiles run)
+   with Inf and NaN set to 0 (amx_common.h), then the dropped terms added for the keys their
+   row sees: acc[x][j] += tr[x][i] pairs[i][j] (the pair value's parts summed). Each element of
+   acc takes its products in trans_times_pairs' order (the accumulator's trips through memory
+   are exact), so a key no special value reaches gets trans_times_pairs' bits. rows: the run's
+   query tiles; the tile's keys are [j0, j0 + nk). */
+static void trans_times_pairs_vis(const bwd_bufs *B, float *acc, const uint16_t *tr,
+                                  const uint32_t *pairs, int nq32, int nk32, int dp,
+                                  const fa_tm_qrows *rows, int64_t j0, int nk) {
+    const int parts = B->parts;
+    const size_t slab = (size_t)KS * dp; /* bf16 of a copied slab, per part */
+    const split_at sp = {parts, slab * 2, B->ps.pd * 4, 0};
+    for (int qs = 0; qs < nq32; qs += KS) {
+        /* element (x, query qs + c) of tr at at + x * BQ + c: blocks of 64 queries */
+        const size_t at = (size_t)(qs / BQ) * BQ * dp + (size_t)(qs % BQ);
+        AMX_FENCE();
+        for (int k = 0; k < parts; k++)
+            for (int x = 0; x < dp; x++)
+                _mm512_storeu_si512(B->stg + k * slab + (size_t)x * KS,
+                                    bf16_zero_specials(_mm512_loadu_si512(
+                                        tr + k * B->ps.q + at + (size_t)x * BQ)));
+        for (int xb = 0; xb < dp; xb += 32)
+            for (int kb = 0; kb < nk32; kb += 32)
+                block2x2(acc + (size_t)xb * BK + kb, BK * 4, 0,
+                         (const char *)(B->stg + (size_t)xb * KS), KS * 2, KS * 2, KS * 4,
+                         (const char *)(pairs + (size_t)(qs / 2) * BK + kb), BK * 4,
+                         (size_t)TR * BK * 4, 1, sp, NULL, NULL);
+        for (int k = 0; k < parts; k++)
+            for (int x = 0; x < dp; x++)
+                for (int c = 0; c < KS; c++) {
+                    const uint16_t w = tr[k * B->ps.q + at + (size_t)x * BQ + c];
+                    if (!bf16_special(w)) continue;
+                    const int qi = qs + c; /* row of the run */
+                    const fa_tm_qrows *r = &rows[qi / BQ];
+                    const int i = qi % BQ;
+                    if (i >= r->n) continue;
+                    for (int j = 0; j < nk; j++) {
+                        if (j0 + j < r->lo[i] || j0 + j >= r->hi[i]) continue;
+                        float pv = 0.0f;
+                        for (int kd = 0; kd < parts; kd++) {
+                            const uint32_t two = pairs[kd * B->ps.pd + (size_t)(qi / 2) * BK + j];
+                            pv += fa_tm_bf2f((uint16_t)(qi & 1 ? two >> 16 : two & 0xffffu));
+                        }
+                        acc[(size_t)x * BK + j] += fa_tm_bf2f(w) * pv;
+                    }
+                }
+        AMX_FENCE();
+    }
+}
+
 /* ---- P and dS ---- */
 
 /* Rows i and i + 1 of a 16-column chunk into a VNNI pair row: (a[j], b[j]) per dword. */
@@ -384,17 +448,28 @@ FA_TM_INLINE void store_pair(uint32_t *dst, __m512 a, __m512 b, __m512i ilv) {
     _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(ilv, w));
 }
 
+/* Columns j .. j + 15 that lie in [lo, hi), as a mask. */
+FA_TM_INLINE __mmask16 span16(int j, int lo, int hi) {
+    const int a = lo - j < 0 ? 0 : lo - j > 16 ? 16 : lo - j;
+    const int z = hi - j < 0 ? 0 : hi - j > 16 ? 16 : hi - j;
+    return (__mmask16)(((1u << z) - 1) & ~((1u << a) - 1));
+}
+
 /* P = exp(mul s - LSE) and dS = P (dP - D) (times g with softcap) of one row, 16 columns at
-   j, zero at and past column nk. */
-FA_TM_INLINE void row_chunk(const bwd_bufs *B, int i, int j, int nk, float mul, float lse,
-                            float di, int cap, __m512 *pv, __m512 *dsv) {
+   j, zero at and past column nk and outside vis (the keys the row sees, on a mask edge): P
+   and dS of a masked key are 0 by selection, since its dP is NaN where its V holds NaN or Inf
+   and D is where the row's dO does (0 * NaN). */
+FA_TM_INLINE void row_chunk(const bwd_bufs *B, int i, int j, int nk, __mmask16 vis, float mul,
+                            float lse, float di, int cap, __m512 *pv, __m512 *dsv) {
     const float *s = B->s + (size_t)i * BK + j, *dp = B->dps + (size_t)i * BK + j;
     const int n = nk - j;
-    const __mmask16 keep = n >= 16 ? (__mmask16)0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
+    const __mmask16 keep =
+        vis & (n >= 16 ? (__mmask16)0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1));
     /* as fa_vexp_softmax_row: clamped at 0, the score may exceed LSE by a rounding */
     fa_vf x = fa_vclamp0(fa_vload(s) * fa_vset1(mul) - fa_vset1(lse));
     const __m512 pr = _mm512_maskz_mov_ps(keep, (__m512)fa_vexp_softmax(x));
-    __m512 ds = _mm512_mul_ps(pr, _mm512_sub_ps(_mm512_loadu_ps(dp), _mm512_set1_ps(di)));
+    __m512 ds =
+        _mm512_maskz_mul_ps(keep, pr, _mm512_sub_ps(_mm512_loadu_ps(dp), _mm512_set1_ps(di)));
     if (cap) ds = _mm512_maskz_mul_ps(keep, ds, _mm512_loadu_ps(B->g + (size_t)i * BK + j));
     *pv = pr;
     *dsv = ds;
@@ -408,6 +483,7 @@ typedef struct build_job {
     uint32_t *pp, *dsp;
     uint16_t *dsr;
     const float *lse, *dd;
+    const int *vlo, *vhi; /* keys [vlo[i], vhi[i]) of the tile are row i's; NULL: all */
     int nq, nq32, nk, nk32, cap;
     float mul;
     int next; /* the first row not built yet */
@@ -426,8 +502,11 @@ static void build_rows(const bwd_bufs *B, build_job *job, int n) {
     for (int i = i0; i < i1; i += 2)
         for (int j = 0; j < nk32; j += 16) {
             __m512 p0, p1, d0, d1;
-            row_chunk(B, i, j, nk, mul, lse[i], dd[i], cap && i < nq, &p0, &d0);
-            row_chunk(B, i + 1, j, nk, mul, lse[i + 1], dd[i + 1], cap && i + 1 < nq, &p1, &d1);
+            const __mmask16 v0 = job->vlo ? span16(j, job->vlo[i], job->vhi[i]) : 0xffff;
+            const __mmask16 v1 = job->vlo ? span16(j, job->vlo[i + 1], job->vhi[i + 1]) : 0xffff;
+            row_chunk(B, i, j, nk, v0, mul, lse[i], dd[i], cap && i < nq, &p0, &d0);
+            row_chunk(B, i + 1, j, nk, v1, mul, lse[i + 1], dd[i + 1], cap && i + 1 < nq, &p1,
+                      &d1);
             if (B->parts > 1) { /* fp32: each value split, a row of pairs or dS per part */
                 split_store_pairs(pp + (size_t)(i / 2) * BK + j, pd, p0, p1);
                 split_store_pairs(dsp + (size_t)(i / 2) * BK + j, pd, d0, d1);
@@ -453,13 +532,63 @@ static void build_rows(const bwd_bufs *B, build_job *job, int n) {
 }
 
 /* A pair whose dQ product is still to run: dq[i][x] += sum_j dS[i][j] K[j][x] over nk32
-   keys, dS rows in dsr. */
+   keys, dS rows in dsr. vis: the pair is on a mask edge and K holds Inf or NaN (dq_vis);
+   then row i < nq sees keys [lo[i], hi[i]) of the tile. */
 typedef struct dq_job {
     float *dq;
     const uint16_t *dsr;
     const uint32_t *kp;
     int nq32, nk32;
+    int vis, nq;
+    int lo[BQ], hi[BQ];
 } dq_job;
+
+/* The dQ product of a job with vis set: a K step (32 keys) at a time, its rows of kp copied
+   into stg (free while key tiles run) with Inf and NaN set to 0 (amx_common.h), then the
+   dropped terms added for the rows that see their key: dq[i][x] += dS[i][j] K[j][x] (dS's
+   parts summed). Each element of dq takes its products in ds_times_keys' order (the
+   accumulator's trips through memory are exact), so a row that sees no special value gets
+   ds_times_keys' bits. */
+static void dq_vis(const bwd_bufs *B, const dq_job *q, int dp) {
+    const int parts = B->parts;
+    const size_t step = (size_t)TR * dp; /* dwords of kp per K step, per part */
+    const split_at sp = {parts, B->ps.dsr * 2, step * 4, 0};
+    uint32_t *kc = (uint32_t *)B->stg;
+    for (int kb = 0; kb < q->nk32; kb += KS) {
+        AMX_FENCE();
+        for (int k = 0; k < parts; k++) {
+            const uint16_t *src =
+                (const uint16_t *)(q->kp + k * B->ps.kv + (size_t)(kb / 2) * dp);
+            uint16_t *dst = (uint16_t *)(kc + k * step);
+            for (size_t e = 0; e < 2 * step; e += 32)
+                _mm512_storeu_si512(dst + e, bf16_zero_specials(_mm512_loadu_si512(src + e)));
+        }
+        for (int qb = 0; qb < q->nq32; qb += 32)
+            for (int xb = 0; xb < dp; xb += 32)
+                block2x2(q->dq + (size_t)qb * dp + xb, (size_t)dp * 4, 0,
+                         (const char *)(q->dsr + (size_t)qb * BK + kb), BK * 2, KS * 2, KS * 4,
+                         (const char *)(kc + xb), (size_t)dp * 4, (size_t)TR * dp * 4, 1, sp,
+                         NULL, NULL);
+        for (int k = 0; k < parts; k++)
+            for (int r = 0; r < TR; r++)
+                for (int x = 0; x < dp; x++) {
+                    const uint32_t two = q->kp[k * B->ps.kv + (size_t)(kb / 2 + r) * dp + x];
+                    for (int h = 0; h < 2; h++) {
+                        const uint16_t w = (uint16_t)(h ? two >> 16 : two & 0xffffu);
+                        if (!bf16_special(w)) continue;
+                        const int j = kb + 2 * r + h;
+                        for (int i = 0; i < q->nq; i++) {
+                            if (j < q->lo[i] || j >= q->hi[i]) continue;
+                            float ds = 0.0f;
+                            for (int kd = 0; kd < parts; kd++)
+                                ds += fa_tm_bf2f(q->dsr[kd * B->ps.dsr + (size_t)i * BK + j]);
+                            q->dq[(size_t)i * dp + x] += ds * fa_tm_bf2f(w);
+                        }
+                    }
+                }
+        AMX_FENCE();
+    }
+}
 
 /* build_rows of one job, per rows at a time, as block2x2's between-steps work. */
 typedef struct build_step {
@@ -477,6 +606,10 @@ static void build_step_run(void *x) {
    step before it are still in flight, instead of after them (the products' tail and the
    elementwise work overlap). */
 static void ds_times_keys(const bwd_bufs *B, const dq_job *q, build_job *b, int dp) {
+    if (q && q->vis) { /* rare: the rows built after it */
+        dq_vis(B, q, dp);
+        q = NULL;
+    }
     if (q) {
         const split_at sp = {B->parts, B->ps.dsr * 2, B->ps.kv * 4, 0};
         const int steps = q->nk32 / KS, all = q->nq32 / 32 * (dp / 32) * steps;
@@ -513,17 +646,31 @@ static void tile_pair(const fa_problem *p, const bwd_bufs *B, const kt_bufs *K,
     rows_times_keys(B, B->dps, B->dor + (size_t)row0 * dp, K->vvn, nq32, nk32, dp);
     const float cap = p->softcap;
     const int transform = fa_tm_needs_transform(kind, cap, slope);
+    const int partial = kind == FA_TM_PARTIAL; /* then also transform */
+    fa_tm_rel rel;
     if (transform) {
-        fa_tm_rel rel;
         fa_tm_rel_init(&rel, rows, at->j0);
         fa_tm_scores_qmajor(B->s, cap > 0 ? B->g : NULL, at->nq, at->nk, &rel, p->scale, cap,
-                            slope, kind == FA_TM_PARTIAL);
+                            slope, partial);
     }
     const size_t slot = (size_t)at->slot * BQ / 2 * BK;
     uint16_t *dsr = B->dsr + (size_t)*cur * B->parts * BQ * BK;
     build_job bj = {B->pp + slot, B->dsp + slot, dsr, B->lse + row0, B->dd + row0,
+                    partial ? rel.lo : NULL, partial ? rel.hi : NULL,
                     at->nq, nq32, at->nk, nk32, cap > 0, transform ? 1.0f : p->scale, 0};
-    const dq_job mine = {B->dq + (size_t)row0 * dp, dsr, K->kp, nq32, nk32};
+    dq_job mine;
+    mine.dq = B->dq + (size_t)row0 * dp;
+    mine.dsr = dsr;
+    mine.kp = K->kp;
+    mine.nq32 = nq32;
+    mine.nk32 = nk32;
+    /* on a mask edge a masked key's dS is 0, and 0 times K's Inf or NaN is NaN */
+    mine.vis = partial && !K->k_finite;
+    mine.nq = at->nq;
+    if (mine.vis) {
+        memcpy(mine.lo, rel.lo, sizeof mine.lo);
+        memcpy(mine.hi, rel.hi, sizeof mine.hi);
+    }
     if (B->parts == 1) { /* bf16: slower interleaved (cpu.md); built, then its dQ */
         ds_times_keys(B, NULL, &bj, dp);
         ds_times_keys(B, &mine, NULL, dp);
@@ -544,12 +691,20 @@ static void empty_slot(const bwd_bufs *B, int slot) {
     }
 }
 
-/* dV, dK += the run of query tiles of head r from row i0 (rows32 rows, padding included). */
+/* dV, dK += the run of query tiles of head r from row i0 (rows32 rows, padding included);
+   vis: the run's Q or dO hold Inf or NaN and some of its rows (rows[]) do not see every key
+   [j0, j0 + nk) of the tile (trans_times_pairs_vis). */
 static void run_products(const fa_problem *p, const bwd_bufs *B, const kt_bufs *K, int64_t r,
-                         int64_t i0, int rows32, int nk32) {
+                         int64_t i0, int rows32, int nk32, int vis, const fa_tm_qrows *rows,
+                         int64_t j0, int nk) {
     const int dp = pad32((int)p->d);
     const int64_t nr = item_rows(p);
     const size_t t0 = (size_t)(r * nr + i0) * dp; /* i0 is on the 64-row grid */
+    if (vis) {
+        trans_times_pairs_vis(B, K->dvt, B->dot + t0, B->pp, rows32, nk32, dp, rows, j0, nk);
+        trans_times_pairs_vis(B, K->dkt, B->qt + t0, B->dsp, rows32, nk32, dp, rows, j0, nk);
+        return;
+    }
     trans_times_pairs(B, K->dvt, B->dot + t0, B->pp, rows32, nk32, dp);
     trans_times_pairs(B, K->dkt, B->qt + t0, B->dsp, rows32, nk32, dp);
 }
@@ -595,6 +750,7 @@ static void key_group(const fa_problem *p, const bwd_bufs *B, int64_t b, int64_t
     const int64_t ib = fa_tm_first_row(p, sq, sk, ia, sq, j0 + (n - 1) * BK + nk[n - 1], 1);
     fa_tm_qrows rows[QG];
     const int qg = B->parts > 1 ? QG_SPLIT : QG;
+    const int64_t nr = item_rows(p);
     pair_at at;
     /* each pair's dQ product runs during the next pair's P and dS (tile_pair); the last one
        after the loops. dq rows sum their key tiles in the same order as before. */
@@ -610,10 +766,13 @@ static void key_group(const fa_problem *p, const bwd_bufs *B, int64_t b, int64_t
             }
             /* only the last tile of the sequence can be short */
             const int rows32 = (nrun - 1) * BQ + pad32(rows[nrun - 1].n);
+            int q_finite = 1; /* the run's Q and dO */
+            for (int s = 0; s < nrun; s++)
+                q_finite &= B->q_finite[at.r * (nr / BQ) + g0 / BQ + s];
             for (int t = 0; t < n; t++) {
                 at.j0 = j0 + t * BK;
                 at.nk = nk[t];
-                int any = 0;
+                int any = 0, full = 1;
                 for (at.slot = 0; at.slot < nrun; at.slot++) {
                     at.i0 = g0 + at.slot * BQ;
                     at.nq = rows[at.slot].n;
@@ -624,8 +783,11 @@ static void key_group(const fa_problem *p, const bwd_bufs *B, int64_t b, int64_t
                     else
                         empty_slot(B, at.slot);
                     any |= kind != FA_TM_NONE;
+                    full &= kind == FA_TM_FULL;
                 }
-                if (any) run_products(p, B, &B->kt[t], at.r, g0, rows32, pad32(at.nk));
+                if (any)
+                    run_products(p, B, &B->kt[t], at.r, g0, rows32, pad32(at.nk),
+                                 !q_finite && !full, rows, at.j0, at.nk);
             }
         }
     }
@@ -654,9 +816,10 @@ static void amx_bwd_item(const fa_problem *p, int64_t b, int64_t hk, float *ws, 
         int nk[KG], n = 0;
         for (; n < KG && j0 + n * BK < sk; n++) {
             const int64_t jt = j0 + n * BK;
-            const kt_bufs *K = &B.kt[n];
+            kt_bufs *K = &B.kt[n];
             nk[n] = sk - jt < BK ? (int)(sk - jt) : BK;
             pack_keys(p, &B, K, bk, k0 + jt, nk[n], hk, dp);
+            K->k_finite = bf16_all_finite((const uint16_t *)K->kp, (size_t)B.parts * BK * dp);
             memset(K->dkt, 0, (size_t)dp * BK * sizeof(float));
             memset(K->dvt, 0, (size_t)dp * BK * sizeof(float));
         }

@@ -20,6 +20,8 @@
  * kernel); each product is blocked 2 x 2: C in tmm0-3, A in tmm4-5, B in tmm6-7. The head dim
  * is padded with zeros to a multiple of 32 (the bf16 K step), queries to 32 (zero Q rows give
  * finite scores that only reach output columns never stored), keys to 32 (zero P rows).
+ * Where V holds Inf or NaN in a block of keys that some row does not see, that block's masked
+ * terms are skipped, not multiplied by a zero P (accumulate_vis; issue 42).
  *
  * Scale placement is fwd_tiled.c's (fa_tm_needs_transform): raw dot products, the scale inside
  * the exponential on tiles without a transform, the transform scaling the others.
@@ -186,9 +188,10 @@ FA_TM_INLINE void scores_block(const ktile *t, const amx_bufs *B, int kb, int qb
     _tile_stored(TC11, s + TR * BQ + TR, sstride);
 }
 
-/* One 32-row x 32-query block of ot += V^T P^T over keys [k0, k1) of the tile. */
-FA_TM_INLINE void pv_block(const ktile *t, const amx_bufs *B, int xb, int qb, int k0, int k1,
-                           int dp, int parts) {
+/* One 32-row x 32-query block of ot += V^T P^T over keys [k0, k1) of the tile, whose V^T
+   blocks start at v0 (the tile's own from key k0 on, or accumulate_vis's copy). */
+FA_TM_INLINE void pv_block(const uint16_t *v0, const amx_bufs *B, int xb, int qb, int k0,
+                           int k1, int dp, int parts) {
     const size_t ostride = BQ * 4, pstride = BQ * 4;
     float *o = B->ot + (size_t)xb * BQ + qb;
     AMX_FENCE();
@@ -197,7 +200,7 @@ FA_TM_INLINE void pv_block(const ktile *t, const amx_bufs *B, int xb, int qb, in
     _tile_loadd(TC10, o + TR * BQ, ostride);
     _tile_loadd(TC11, o + TR * BQ + TR, ostride);
     for (int kb = k0; kb < k1; kb += KS) {
-        const uint16_t *v = t->vt + (size_t)kb * parts * dp + (size_t)xb * KS;
+        const uint16_t *v = v0 + (size_t)(kb - k0) * parts * dp + (size_t)xb * KS;
         const uint32_t *pp = B->pt + (size_t)(kb / 2) * BQ + qb;
         if (parts == 1) {
             _tile_loadd(TA0, v, KS * 2);
@@ -219,8 +222,74 @@ FA_TM_INLINE void pv_block(const ktile *t, const amx_bufs *B, int xb, int qb, in
 /* ot += V^T P^T over keys [k0, k1) of the tile (multiples of 32). */
 AMX_FN void accumulate(const ktile *t, const amx_bufs *B, int k0, int k1, int nq32, int dp,
                        int parts) {
+    const uint16_t *v0 = t->vt + (size_t)k0 * parts * dp;
     for (int xb = 0; xb < dp; xb += 32)
-        for (int qb = 0; qb < nq32; qb += 32) pv_block(t, B, xb, qb, k0, k1, dp, parts);
+        for (int qb = 0; qb < nq32; qb += 32) pv_block(v0, B, xb, qb, k0, k1, dp, parts);
+}
+
+/*
+ * Keys a row cannot see, where V holds Inf or NaN (amx_common.h): the 32-key blocks of tile t
+ * that some real row of q does not see in full and whose V^T (every part) holds such a value,
+ * a bit per block (kb / 32). Keys past t->nk in the last block are real keys that no row of
+ * q sees. Checked only for blocks that are not FULL: one or two per tile on a mask edge.
+ */
+AMX_FN unsigned special_blocks(const fa_tm_qrows *q, const ktile *t, int dp, int parts) {
+    unsigned bad = 0;
+    for (int kb = 0; kb < t->nk32; kb += KS)
+        if (fa_tm_classify(q, t->j0 + kb, t->j0 + kb + KS) != FA_TM_FULL &&
+            !bf16_all_finite(t->vt + (size_t)kb * parts * dp, (size_t)parts * KS * dp))
+            bad |= 1u << (kb / KS);
+    return bad;
+}
+
+/* The terms that bf16_zero_specials dropped from block kb of tile t, for the rows of q that
+   see their key: ot[x][i] += P[j][i] V[j][x] (P's parts summed), Inf or NaN. */
+AMX_FN void pv_specials(const fa_tm_qrows *q, const ktile *t, const amx_bufs *B, int kb,
+                        int dp, int parts) {
+    const uint16_t *vb = t->vt + (size_t)kb * parts * dp;
+    const size_t ppart = (size_t)(BK / 2) * BQ; /* dwords from one part of P^T to the next */
+    AMX_FENCE();
+    for (int k = 0; k < parts; k++)
+        for (int x = 0; x < dp; x++)
+            for (int c = 0; c < KS; c++) {
+                const uint16_t w = vb[(size_t)k * KS * dp + (size_t)x * KS + c];
+                if (!bf16_special(w)) continue;
+                const int j = kb + c;
+                const int64_t key = t->j0 + j;
+                for (int i = 0; i < q->n; i++) {
+                    if (key < q->lo[i] || key >= q->hi[i]) continue;
+                    float pj = 0.0f;
+                    for (int kp = 0; kp < parts; kp++) {
+                        const uint32_t two = B->pt[kp * ppart + (size_t)(j / 2) * BQ + i];
+                        pj += fa_tm_bf2f((uint16_t)(j & 1 ? two >> 16 : two & 0xffffu));
+                    }
+                    B->ot[(size_t)x * BQ + i] += pj * fa_tm_bf2f(w);
+                }
+            }
+    AMX_FENCE();
+}
+
+/* accumulate where some blocks are in bad (special_blocks): a block at a time in key order,
+   a bad block's V^T copied into stg (free while key tiles run) with its Inf and NaN set to 0,
+   then pv_specials. Each element of ot takes its products in accumulate's order (the
+   accumulator's trips through memory are exact), so a row that sees no special value gets
+   accumulate's bits. */
+AMX_FN void accumulate_vis(const fa_tm_qrows *q, const ktile *t, const amx_bufs *B, int k0,
+                           int k1, int nq32, int dp, int parts, unsigned bad) {
+    const size_t blk = (size_t)parts * KS * dp; /* elements of a block of V^T, all parts */
+    for (int kb = k0; kb < k1; kb += KS) {
+        const int special = (bad >> (kb / KS)) & 1;
+        const uint16_t *v = t->vt + (size_t)kb * parts * dp;
+        if (special) {
+            AMX_FENCE();
+            for (size_t e = 0; e < blk; e += 32)
+                _mm512_storeu_si512(B->stg + e, bf16_zero_specials(_mm512_loadu_si512(v + e)));
+            v = B->stg;
+        }
+        for (int xb = 0; xb < dp; xb += 32)
+            for (int qb = 0; qb < nq32; qb += 32) pv_block(v, B, xb, qb, kb, kb + KS, dp, parts);
+        if (special) pv_specials(q, t, B, kb, dp, parts);
+    }
 }
 
 /* ---- softmax ---- */
@@ -334,37 +403,71 @@ AMX_FN void move_max(const amx_bufs *B, int d, int nq32, int parts) {
     }
 }
 
-/* The strip's probabilities exp(s * mul - m), rounded to bf16, into 16 rows of P^T in VNNI
-   pairs at pt (zero for the padding keys past ns), and their sums into l. */
+/*
+ * The bf16 strip's exponent, exp(s * mul - ref) as 2^(s * mul log2 e - ref log2 e), in the
+ * GPU kernels' rule (ptx.cuh): the reference in log2 units rounded up, off = -ru(ref log2 e),
+ * and while |off| < 2^10 one fma, fma(s, mul log2 e, off): its one rounding and that of
+ * mul log2 e err by under 2^-13 there (an ulp of 2^10). Past that the same fma is off by up to
+ * an ulp of the max, 1024 and more at scores near 1e10, which gave the max key 2^-1024 = 0 (a
+ * row sum of 0: LSE -inf, O NaN) or 2^+1024 = inf (issue 42). There the product is rounded on
+ * its own first, as strip_max formed the max from it: s * mul - ref is then at most 0 exactly
+ * (LAZY above it where ref lags the max), the max key's argument exactly 0, and log2 e comes
+ * after the subtraction.
+ */
+#define EXACT_FROM 1024.0f
+
+/* 16 columns of a strip from key row sj on, in the form `exact` says (a constant at each call
+   site of strip_cols, so each form is a loop of its own) */
+FA_TM_INLINE __m512 strip_p(const float *sj, int exact, __m512 vmul2, __m512 off, __m512 vmul,
+                            __m512 ref) {
+    if (!exact) return exp2_p(_mm512_fmadd_ps(_mm512_loadu_ps(sj), vmul2, off));
+    const fa_vf x = fa_vrounded((fa_vf)_mm512_mul_ps(_mm512_loadu_ps(sj), vmul)) - (fa_vf)ref;
+    return exp2_p(_mm512_mul_ps((__m512)x, _mm512_set1_ps(LOG2E)));
+}
+
+/* strip_exp's work on columns [i, i + 16) */
+FA_TM_INLINE void strip_cols(const amx_bufs *B, uint32_t *pt, int ns, int i, int exact,
+                             __m512i ilv, __m512 vmul2, __m512 off, __m512 vmul, __m512 ref) {
+    __m512 sum = _mm512_setzero_ps();
+    const float *sj = B->st + i;
+    uint32_t *pj = pt + i;
+    int j = 0;
+    for (; j + 2 <= ns; j += 2, sj += 2 * BQ, pj += BQ) {
+        const __m512 e0 = strip_p(sj, exact, vmul2, off, vmul, ref);
+        const __m512 e1 = strip_p(sj + BQ, exact, vmul2, off, vmul, ref);
+        sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
+        /* e0 in the low half, e1 in the high one, then interleaved */
+        const __m512i pair = (__m512i)_mm512_cvtne2ps_pbh(e1, e0);
+        _mm512_storeu_si512(pj, _mm512_permutexvar_epi16(ilv, pair));
+    }
+    if (j < ns) { /* odd key count: the last key pairs with a zero */
+        const __m512 e0 = strip_p(sj, exact, vmul2, off, vmul, ref);
+        sum = _mm512_add_ps(sum, e0);
+        const __m512i pair = (__m512i)_mm512_cvtne2ps_pbh(_mm512_setzero_ps(), e0);
+        _mm512_storeu_si512(pj, _mm512_permutexvar_epi16(ilv, pair));
+        j += 2;
+        pj += BQ;
+    }
+    for (; j < KS; j += 2, pj += BQ) _mm512_storeu_si512(pj, _mm512_setzero_si512());
+    _mm512_storeu_ps(B->l + i, _mm512_add_ps(_mm512_loadu_ps(B->l + i), sum));
+}
+
+/* The strip's probabilities exp(s * mul - m) (strip_p), rounded to bf16, into 16 rows of P^T
+   in VNNI pairs at pt (zero for the padding keys past ns), and their sums into l. The form is
+   chosen per 16 columns. */
 AMX_FN void strip_exp(const amx_bufs *B, uint32_t *pt, int ns, int nq32, float mul) {
-    const __m512 vmul2 = _mm512_set1_ps(mul * LOG2E);
+    const __m512 vmul2 = _mm512_set1_ps(mul * LOG2E), vmul = _mm512_set1_ps(mul);
     const __m512i ilv = interleave_idx(16);
     for (int i = 0; i < nq32; i += 16) {
-        /* exp(s * mul - ref) = 2^(s * mul log2e - ref log2e) */
-        const __m512 off = _mm512_mul_ps(exp_ref(_mm512_loadu_ps(B->m + i)),
-                                         _mm512_set1_ps(-LOG2E));
-        __m512 sum = _mm512_setzero_ps();
-        const float *sj = B->st + i;
-        uint32_t *pj = pt + i;
-        int j = 0;
-        for (; j + 2 <= ns; j += 2, sj += 2 * BQ, pj += BQ) {
-            const __m512 e0 = exp2_p(_mm512_fmadd_ps(_mm512_loadu_ps(sj), vmul2, off));
-            const __m512 e1 = exp2_p(_mm512_fmadd_ps(_mm512_loadu_ps(sj + BQ), vmul2, off));
-            sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
-            /* e0 in the low half, e1 in the high one, then interleaved */
-            const __m512i pair = (__m512i)_mm512_cvtne2ps_pbh(e1, e0);
-            _mm512_storeu_si512(pj, _mm512_permutexvar_epi16(ilv, pair));
-        }
-        if (j < ns) { /* odd key count: the last key pairs with a zero */
-            const __m512 e0 = exp2_p(_mm512_fmadd_ps(_mm512_loadu_ps(sj), vmul2, off));
-            sum = _mm512_add_ps(sum, e0);
-            const __m512i pair = (__m512i)_mm512_cvtne2ps_pbh(_mm512_setzero_ps(), e0);
-            _mm512_storeu_si512(pj, _mm512_permutexvar_epi16(ilv, pair));
-            j += 2;
-            pj += BQ;
-        }
-        for (; j < KS; j += 2, pj += BQ) _mm512_storeu_si512(pj, _mm512_setzero_si512());
-        _mm512_storeu_ps(B->l + i, _mm512_add_ps(_mm512_loadu_ps(B->l + i), sum));
+        const __m512 ref = exp_ref(_mm512_loadu_ps(B->m + i));
+        /* -ru(ref log2 e), rounded down as the product with -log2 e */
+        const __m512 off = _mm512_mul_round_ps(ref, _mm512_set1_ps(-LOG2E),
+                                               _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+        /* not below 2^10 (or NaN) in some column */
+        if (_mm512_cmp_ps_mask(_mm512_abs_ps(off), _mm512_set1_ps(EXACT_FROM), _CMP_NLT_UQ))
+            strip_cols(B, pt, ns, i, 1, ilv, vmul2, off, vmul, ref);
+        else
+            strip_cols(B, pt, ns, i, 0, ilv, vmul2, off, vmul, ref);
     }
 }
 
@@ -505,6 +608,10 @@ AMX_FN void key_tile(const fa_problem *p, const fa_tm_qrows *q, const amx_bufs *
                      const ktile *t, float slope, int nq, int nq32, int dp, int parts,
                      const row_fetch *f) {
     int done = 0; /* keys of the tile already in the accumulator */
+    /* blocks where a zero P would meet an Inf or NaN of V (none: the plain products) */
+    const unsigned bad = t->kind == FA_TM_FULL && t->nk == t->nk32
+                             ? 0u
+                             : special_blocks(q, t, dp, parts);
     const int64_t per = f ? (f->r1 - f->r0 + t->nk32 / KS - 1) / (t->nk32 / KS) : 0;
     for (int s = 0; s < t->nk; s += KS) {
         if (f) fetch_rows(f, f->r0 + s / KS * per, f->r0 + (s / KS + 1) * per);
@@ -518,7 +625,10 @@ AMX_FN void key_tile(const fa_problem *p, const fa_tm_qrows *q, const amx_bufs *
             continue;
         }
         if (strip_max(B, ns, nq32, mul)) {
-            if (s > done) accumulate(t, B, done, s, nq32, dp, parts);
+            if (s > done && bad)
+                accumulate_vis(q, t, B, done, s, nq32, dp, parts, bad);
+            else if (s > done)
+                accumulate(t, B, done, s, nq32, dp, parts);
             done = s;
             AMX_FENCE();
             move_max(B, (int)p->d, nq32, parts);
@@ -528,7 +638,10 @@ AMX_FN void key_tile(const fa_problem *p, const fa_tm_qrows *q, const amx_bufs *
         else
             strip_exp_split(B, pt, ns, nq32, mul);
     }
-    accumulate(t, B, done, t->nk32, nq32, dp, parts);
+    if (bad)
+        accumulate_vis(q, t, B, done, t->nk32, nq32, dp, parts, bad);
+    else
+        accumulate(t, B, done, t->nk32, nq32, dp, parts);
 }
 
 #endif /* FA_CPU_FWD_AMX_TILE_H */
