@@ -75,7 +75,9 @@ extern "C" {
 #define FA_API
 #endif
 
-/* 0.2.2: fa_allocator version 2 (own_max_bytes), appended.
+/* 0.2.3: fa_params version 3 (fused rotary embedding and cache_leftpad of fa_fwd_kvcache),
+   appended.
+   0.2.2: fa_allocator version 2 (own_max_bytes), appended.
    0.2.1: fa_params version 2 (dropout, FP8 descales), appended: callers built with the
    0.2 header keep working.
    0.2.0: fa_params starts with struct_size and version, and fa_params_default() moved into
@@ -83,7 +85,7 @@ extern "C" {
    libflashattn.so.0.2). */
 #define FA_VERSION_MAJOR 0
 #define FA_VERSION_MINOR 2
-#define FA_VERSION_PATCH 2
+#define FA_VERSION_PATCH 3
 
 /* Largest head dimension any backend accepts (the CUDA backend accepts a fixed subset). */
 #define FA_MAX_HEAD_DIM 256
@@ -196,7 +198,7 @@ FA_API fa_tensor fa_tensor_2d(void *data, fa_dtype dtype, fa_device device, int6
  * which fields a caller's struct has, so that a library and a caller built from different
  * versions of this header never read past each other's struct.
  */
-#define FA_PARAMS_VERSION 2
+#define FA_PARAMS_VERSION 3
 typedef struct fa_params {
     /* sizeof(fa_params) and FA_PARAMS_VERSION of the caller's header, set by
        fa_params_default(); never set them by hand. Every call checks them first and refuses
@@ -271,6 +273,43 @@ typedef struct fa_params {
     const float *v_descale;
     int64_t descale_batch_stride; /* 0: one row of heads_k values for every batch entry;
                                      else >= heads_k */
+
+    /* ---- version 3 (0.2.3): fa_fwd_kvcache only (fa_fwd / fa_bwd: FA_ERR_INVALID_ARGUMENT
+       when any is set) ---- */
+
+    /* Rotary embedding fused into the cache call, as FlashAttention-2's
+       flash_attn_with_kvcache applies it: NULL (both) is off. Else 2-d tensors [seqlen_ro,
+       rotary_dim / 2] on the device of q, one dtype for both: q's dtype or f32 (last stride
+       1, the other >= 1). rotary_dim = 2 * shape[1] must be <= head_dim (it may be any even
+       number: FlashAttention-2 asks for a multiple of 16). Requires k_new (the rotation is
+       applied as the new keys are appended; FA_ERR_NULL_POINTER without them) and a cache of
+       f16, bf16 or f32 (not FP8: FA_ERR_DTYPE). seqlen_ro must be >= the cache's capacity
+       (max_len, or max_pages * page_size), FlashAttention-2's rule, which bounds every
+       position a call can use without reading seqlens (device memory on the GPU); else
+       FA_ERR_SHAPE. Positions are cache rows counted from 0 (cache_leftpad does not shift
+       them): new key j of sequence b sits at seqlens[b] + j; query token i at seqlens[b] + i
+       when causal or a window is set (window_left or window_right >= 0), else every query
+       token of b at seqlens[b]. The first rotary_dim columns of q and of the new k rotate by
+       the angle of their position, (x1, x2) -> (x1 cos - x2 sin, x1 sin + x2 cos) with cos
+       and sin of row pos, column c, over the pairs (x[2c], x[2c + 1]) when
+       rotary_interleaved (GPT-J) or (x[c], x[c + rotary_dim / 2]) when not (GPT-NeoX); the
+       other columns pass unchanged. In fp32; the rotated key is stored in the cache's
+       dtype (that is what the cache holds afterwards); the rotated query is used in fp32 on
+       the CPU and rounded once to q's dtype on the GPU. q and k_new themselves are not
+       written. */
+    const fa_tensor *rotary_cos;
+    const fa_tensor *rotary_sin;
+    int rotary_interleaved;
+    /* Left-padded caches: int32 [batch] on the device of the tensors, NULL for none.
+       Sequence b's keys are cache rows cache_leftpad[b] .. seqlens[b] + seqlen_new - 1: rows
+       before cache_leftpad[b] are not attended (nor read), and the masks align bottom-right
+       as before (query i of sq sits on row i + seqlens[b] + seqlen_new - sq); the append
+       still starts at row seqlens[b]. 0 <= cache_leftpad[b] <= seqlens[b] (on the CPU
+       checked first: FA_ERR_INVALID_ARGUMENT naming the element; on the GPU checked as
+       seqlens are, fa_context_set_device_checks: FA_ERR_VARLEN, a bad value clamped into
+       [0, seqlens[b]]). Contiguous caches only: with block_table FA_ERR_UNSUPPORTED, as
+       FlashAttention-2 refuses the pair. */
+    const int32_t *cache_leftpad;
 } fa_params;
 
 /* All defaults: scale 1/sqrt(d), no mask, no window, no softcap, no ALiBi, not varlen; and
@@ -300,6 +339,10 @@ static inline fa_params fa_params_default(void) {
     p.k_descale = NULL;
     p.v_descale = NULL;
     p.descale_batch_stride = 0;
+    p.rotary_cos = NULL;
+    p.rotary_sin = NULL;
+    p.rotary_interleaved = 0;
+    p.cache_leftpad = NULL;
     return p;
 }
 

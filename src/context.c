@@ -401,6 +401,10 @@ void fa_bad_index_format(const fa_bad_index *r, char *buf, size_t len) {
         snprintf(buf, len, "%s[batch = %d] = %d but %s holds %lld tokens", cu, r->i, r->value, t,
                  (long long)r->limit);
         return;
+    case FA_BAD_LEFTPAD:
+        snprintf(buf, len, "cache_leftpad[%d] = %d is outside [0, cache->seqlens[%d] = %lld]",
+                 r->i, r->value, r->i, (long long)r->limit);
+        return;
     case FA_BAD_NONE: break;
     }
     snprintf(buf, len, "a device index array holds a bad element (record kind %d)", r->kind);

@@ -559,6 +559,12 @@ static fa_status validate(fa_call *c, fa_problem *pr) {
         pr->lse_st = fa_stride_of(l, varlen ? 1 : 2);
     }
     FA_TRY(fa_check_options(c, pr));
+    /* the version-3 fields describe a KV cache call; set here they would be silently ignored */
+    if (c->p->rotary_cos || c->p->rotary_sin || c->p->cache_leftpad)
+        return fa_fail(ctx, FA_ERR_INVALID_ARGUMENT,
+                       "%s: fa_params.%s is set; rotary_cos/rotary_sin and cache_leftpad are "
+                       "options of fa_fwd_kvcache only",
+                       c->fn, c->p->cache_leftpad ? "cache_leftpad" : "rotary_cos/rotary_sin");
 
     /* outputs must not overlap inputs (they may overlap each other, as packed dqkv does) */
     if (!c->query_only) FA_TRY(fa_check_overlaps(c, a, n));
@@ -658,6 +664,8 @@ static void log_selection(const fa_context *ctx) {
 static const size_t params_size[] = {
     offsetof(fa_params, dropout_seed), /* version 1 ended with deterministic; dropout_seed is
                                           8-aligned, so its offset is version 1's padded size */
+    offsetof(fa_params, rotary_cos),   /* version 2 ended with descale_batch_stride (8 bytes,
+                                          so no padding before rotary_cos) */
     sizeof(fa_params)};
 _Static_assert(sizeof params_size / sizeof *params_size == FA_PARAMS_VERSION,
                "one size per fa_params version");

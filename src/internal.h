@@ -79,6 +79,20 @@ typedef struct fa_problem {
     int64_t num_pages;        /* pages in the pool (paged) */
     fa_operand k_new, v_new;  /* [batch, seqlen_new, heads_kv, d]; data NULL: no append */
     int64_t seqlen_new;       /* 0 when nothing is appended */
+    /* Fused rotary embedding (fa_params.rotary_cos/sin; src/rotary.h has the rule): rot_dim 0
+       is off, else the rotated columns (even, <= d) and only with an append. cos/sin element
+       (pos, c) at rot_cos[pos * rot_cos_st + c] in rot_dtype (q's dtype or f32), rows >= the
+       capacity. rot_q_per_token: query token i at kv_seqlens[b] + i (causal or a window), else
+       every token at kv_seqlens[b]. */
+    const void *rot_cos, *rot_sin;
+    int64_t rot_cos_st, rot_sin_st;
+    fa_dtype rot_dtype;
+    int64_t rot_dim;
+    int rot_interleaved, rot_q_per_token;
+    /* Left padding (fa_params.cache_leftpad; contiguous caches only): sequence b attends to
+       rows kv_leftpad[b] .. kv_seqlens[b] + seqlen_new - 1. NULL: every row from 0. Device of
+       the tensors; checked (0 <= leftpad <= seqlens) by the dispatcher for CPU tensors. */
+    const int32_t *kv_leftpad;
     int num_splits;           /* the caller's request: 0 = backend heuristic, n >= 1 forces n */
 } fa_problem;
 
@@ -259,7 +273,8 @@ typedef enum fa_bad_kind {
     FA_BAD_CU_DECREASE = 5,     /* cu_seqlens[i] = value < cu_seqlens[i - 1] = prev */
     FA_BAD_CU_PAST = 6,         /* cu_seqlens[i] = value > limit, the tensor's tokens */
     FA_BAD_CU_LONG = 7,         /* cu_seqlens[i] - cu_seqlens[i - 1] = value - prev > limit */
-    FA_BAD_CU_END = 8           /* cu_seqlens[i = batch] = value != limit, the tensor's tokens */
+    FA_BAD_CU_END = 8,          /* cu_seqlens[i = batch] = value != limit, the tensor's tokens */
+    FA_BAD_LEFTPAD = 9          /* cache_leftpad[i] = value outside [0, limit = seqlens[i]] */
 } fa_bad_kind;
 
 typedef struct fa_bad_index {

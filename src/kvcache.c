@@ -148,6 +148,95 @@ static fa_status check_cache_layout(fa_call *c, const fa_kvcache *cache, fa_prob
     return FA_OK;
 }
 
+/* fa_params.rotary_cos/sin: two 2-d tables [seqlen_ro, rotary_dim / 2] of q's dtype or f32,
+   on q's device, long enough for every position a call can use (the capacity: seqlens live
+   in device memory on the GPU, so the bound cannot depend on them). Appends the tables to
+   the overlap check's inputs. */
+static fa_status check_rotary(fa_call *c, int append, fa_problem *pr, fa_arg *a, int *n) {
+    fa_context *ctx = c->ctx;
+    const fa_params *p = c->p;
+    if (!p->rotary_cos && !p->rotary_sin) return FA_OK;
+    if (!p->rotary_cos || !p->rotary_sin)
+        return fa_fail(ctx, FA_ERR_NULL_POINTER,
+                       "%s: fa_params.%s is NULL but %s is not; the rotary embedding needs both",
+                       c->fn, p->rotary_cos ? "rotary_sin" : "rotary_cos",
+                       p->rotary_cos ? "rotary_cos" : "rotary_sin");
+    if (!append)
+        return fa_fail(ctx, FA_ERR_NULL_POINTER,
+                       "%s: rotary_cos/rotary_sin are given but k_new/v_new are NULL: the rotary "
+                       "embedding is applied to q and to the keys being appended (as "
+                       "FlashAttention-2 requires)", c->fn);
+    fa_arg r[2] = {{"rotary_cos", p->rotary_cos, 0, 0, {0, 0}},
+                   {"rotary_sin", p->rotary_sin, 0, 0, {0, 0}}};
+    FA_TRY(fa_check_tensors(c, r, 2, 2));
+    const fa_tensor *co = p->rotary_cos, *si = p->rotary_sin;
+    if (fa_dtype_is_fp8(pr->dtype))
+        return fa_fail(ctx, FA_ERR_DTYPE,
+                       "%s: rotary_cos/rotary_sin with %s inputs: the rotary embedding takes f32, "
+                       "f16 or bf16 caches (rotate before quantising)", c->fn,
+                       fa_dtype_name(pr->dtype));
+    if (co->dtype != si->dtype || (co->dtype != pr->dtype && co->dtype != FA_DTYPE_F32))
+        return fa_fail(ctx, FA_ERR_DTYPE,
+                       "%s: rotary_cos is %s and rotary_sin %s; both must be q's dtype (%s) or "
+                       "f32", c->fn, fa_dtype_name(co->dtype), fa_dtype_name(si->dtype),
+                       fa_dtype_name(pr->dtype));
+    const fa_arg dev[3] = {{"q", c->q, 0, 0, {0, 0}}, r[0], r[1]};
+    FA_TRY(fa_check_devices(c, dev, 3));
+    FA_TRY(fa_check_same_shape(c, "rotary_cos", co, "rotary_sin", si));
+    const int64_t rd = 2 * co->shape[1];
+    if (rd > pr->d)
+        return fa_fail(ctx, FA_ERR_SHAPE,
+                       "%s: rotary_cos has %lld columns, so rotary_dim = %lld, more than "
+                       "head_dim = %lld (rotary_cos/sin are [seqlen_ro, rotary_dim / 2])",
+                       c->fn, (long long)co->shape[1], (long long)rd, (long long)pr->d);
+    /* FlashAttention-2: a causal or windowed call rotates query i at seqlens + i, any other
+       at seqlens (the raw options: normalisation may turn a wide window into -1) */
+    pr->rot_q_per_token = p->causal || p->window_left >= 0 || p->window_right >= 0;
+    /* every position used is below capacity + (queries past the new keys, when per token):
+       seqlens + seqlen_new <= capacity */
+    int64_t past = pr->rot_q_per_token && pr->seqlen_q > pr->seqlen_new
+                       ? pr->seqlen_q - pr->seqlen_new : 0, need = pr->seqlen_k + past;
+    if (co->shape[0] < need)
+        return fa_fail(ctx, FA_ERR_SHAPE,
+                       "%s: rotary_cos has %lld rows (seqlen_ro), fewer than the %lld positions "
+                       "a call can use: the cache's capacity (%s = %lld)%s",
+                       c->fn, (long long)co->shape[0], (long long)need,
+                       pr->block_table ? "max_pages * page_size" : "max_len",
+                       (long long)pr->seqlen_k,
+                       past ? " plus the causal/windowed queries past the new keys" : "");
+    pr->rot_cos = co->data;
+    pr->rot_sin = si->data;
+    pr->rot_cos_st = fa_stride_of(co, 0);
+    pr->rot_sin_st = fa_stride_of(si, 0);
+    pr->rot_dtype = co->dtype;
+    pr->rot_dim = rd;
+    pr->rot_interleaved = p->rotary_interleaved != 0;
+    a[(*n)++] = r[0];
+    a[(*n)++] = r[1];
+    return FA_OK;
+}
+
+/* fa_params.cache_leftpad: contiguous caches only (FlashAttention-2 refuses paged ones too);
+   host values 0 <= leftpad[b] <= seqlens[b]. */
+static fa_status check_leftpad(fa_call *c, const fa_kvcache *cache, fa_problem *pr) {
+    fa_context *ctx = c->ctx;
+    const int32_t *lp = c->p->cache_leftpad;
+    if (!lp) return FA_OK;
+    if (pr->block_table)
+        return fa_fail(ctx, FA_ERR_UNSUPPORTED,
+                       "%s: cache_leftpad with a paged cache (block_table): left padding is "
+                       "taken for contiguous caches only, as in FlashAttention-2", c->fn);
+    if (c->q->device == FA_DEVICE_CPU)
+        for (int64_t b = 0; b < pr->batch; b++)
+            if (lp[b] < 0 || lp[b] > cache->seqlens[b])
+                return fa_fail(ctx, FA_ERR_INVALID_ARGUMENT,
+                               "%s: cache_leftpad[%lld] = %d, must be in [0, cache->seqlens[%lld] "
+                               "= %d]", c->fn, (long long)b, lp[b], (long long)b,
+                               cache->seqlens[b]);
+    pr->kv_leftpad = lp;
+    return FA_OK;
+}
+
 static fa_status validate_kv(fa_call *c, const fa_kvcache *cache, const fa_tensor *k_new,
                              const fa_tensor *v_new, int num_splits, fa_problem *pr) {
     fa_context *ctx = c->ctx;
@@ -171,7 +260,7 @@ static fa_status validate_kv(fa_call *c, const fa_kvcache *cache, const fa_tenso
                        num_splits);
 
     int append = k_new != NULL, cache_group = append && !c->query_only ? GROUP_CACHE : 0;
-    fa_arg a[9] = {
+    fa_arg a[12] = {
         {"q", c->q, 0, 0, {0, 0}},
         {"cache->k", &cache->k, cache_group, 0, {0, 0}},
         {"cache->v", &cache->v, cache_group, 0, {0, 0}},
@@ -238,12 +327,16 @@ static fa_status validate_kv(fa_call *c, const fa_kvcache *cache, const fa_tenso
                        "%s: dropout_p = %g: fa_fwd_kvcache has no dropout (inference only); "
                        "set dropout_p = 0", c->fn, (double)pr->drop_p);
     if (q->device == FA_DEVICE_CPU) FA_TRY(check_cache_contents(c, cache, pr));
+    FA_TRY(check_rotary(c, append, pr, a, &n));
+    FA_TRY(check_leftpad(c, cache, pr));
 
     if (!c->query_only) {
         FA_TRY(int_span(c, "cache->seqlens", cache->seqlens, pr->batch, &a[n++]));
         if (pr->block_table)
             FA_TRY(int_span(c, "cache->block_table", pr->block_table,
                             (pr->batch - 1) * pr->bt_stride + pr->max_pages, &a[n++]));
+        if (pr->kv_leftpad)
+            FA_TRY(int_span(c, "cache_leftpad", pr->kv_leftpad, pr->batch, &a[n++]));
         FA_TRY(fa_check_overlaps(c, a, n));
     }
 

@@ -24,7 +24,10 @@
 enum { B = 2, SQ = 2, HQ = 4, HKV = 2, D = 8, SN = 2, NP = 6, PS = 4, MP = 3, BTS = 4,
        LEN = 8 };
 enum { CAP = 1 << 17 }; /* room per region for the largest mutation (head dim 300, f64) */
-enum { R_Q, R_K, R_V, R_KN, R_VN, R_O, R_LSE, R_SEQ, R_BT, R_P0, R_P1, R_L0, R_L1, NR };
+enum { R_Q, R_K, R_V, R_KN, R_VN, R_O, R_LSE, R_SEQ, R_BT, R_P0, R_P1, R_L0, R_L1, R_COS,
+       R_SIN, R_LPAD, NR };
+/* rotary tables [RO, D / 2]: as long as the paged capacity, MP * PS */
+enum { RO = MP * PS };
 #define ARENA_BYTES ((size_t)NR * CAP)
 
 static unsigned char *arena, *snapshot;
@@ -39,6 +42,8 @@ typedef struct kargs {
     const fa_kvcache *pcache;
     fa_params prm;
     const fa_params *pp;
+    fa_tensor cos, sin; /* the rotary tables, used when a mutation sets prm.rotary_cos/sin */
+    int32_t *lpad;
     int splits;
     int32_t *seqlens, *bt;
     float slopes[HQ];
@@ -81,6 +86,11 @@ static void reset(kargs *a, fa_context *ctx, int contiguous) {
     a->po = &a->o;
     a->plse = &a->lse;
     a->pcache = &a->cache;
+    a->cos = fa_tensor_2d(region(R_COS), f, c, RO, D / 2);
+    a->sin = fa_tensor_2d(region(R_SIN), f, c, RO, D / 2);
+    a->lpad = region(R_LPAD);
+    a->lpad[0] = 1;
+    a->lpad[1] = 5;
     a->prm = fa_params_default();
     a->pp = &a->prm;
     for (int h = 0; h < HQ; h++) a->slopes[h] = 0.25f;
@@ -150,6 +160,17 @@ typedef struct bad {
     int ops;
     int contiguous; /* start from the contiguous cache (else paged) */
 } bad;
+
+/* The fused rotary embedding over all D columns, valid as it stands. */
+static void rotary(kargs *a) {
+    a->prm.rotary_cos = &a->cos;
+    a->prm.rotary_sin = &a->sin;
+    a->prm.rotary_interleaved = 1;
+}
+static void fp8_inputs(kargs *a) {
+    fa_tensor *in[] = {&a->q, &a->kn, &a->vn, &a->cache.k, &a->cache.v};
+    for (int i = 0; i < 5; i++) in[i]->dtype = FA_DTYPE_F8_E4M3;
+}
 
 #define MUT(fn, body) \
     static void fn(kargs *a) { body; }
@@ -250,6 +271,32 @@ MUT(merge_lpart_nan, lpart_with(a, NAN))
 MUT(merge_lpart_inf, lpart_with(a, INFINITY))
 MUT(merge_lse_overlaps_out, a->lse.data = (float *)region(R_O) + 1)
 MUT(merge_out_heads_alias, a->o.stride[2] = D / 2)
+MUT(rot_only_cos, a->prm.rotary_cos = &a->cos)
+MUT(rot_only_sin, a->prm.rotary_sin = &a->sin)
+MUT(rot_no_append, rotary(a); a->pkn = a->pvn = NULL)
+MUT(rot_dim_past_d, rotary(a); a->cos.shape[1] = a->sin.shape[1] = D / 2 + 1;
+    a->cos.stride[0] = a->sin.stride[0] = D / 2 + 1)
+MUT(rot_short_paged, rotary(a); a->cos.shape[0] = a->sin.shape[0] = RO - 1)
+MUT(rot_short_contig, rotary(a); a->cos.shape[0] = a->sin.shape[0] = LEN - 1)
+/* queries past the new keys (causal, sq 3 > 2 new) need rows up to the capacity + 1 */
+MUT(rot_short_for_queries, rotary(a); a->prm.causal = 1; a->q.shape[1] = a->o.shape[1] = 3;
+    a->lse.shape[2] = 3; a->q.stride[0] = a->o.stride[0] = 3 * HQ * D; a->lse.stride[1] = 3;
+    a->lse.stride[0] = 3 * HQ)
+MUT(rot_sin_shape, rotary(a); a->sin.shape[0] = RO + 1)
+MUT(rot_tables_f16, rotary(a); a->cos.dtype = a->sin.dtype = FA_DTYPE_F16)
+MUT(rot_tables_mixed, rotary(a); a->sin.dtype = FA_DTYPE_BF16)
+MUT(rot_fp8, rotary(a); fp8_inputs(a))
+MUT(rot_on_cuda, rotary(a); a->cos.device = FA_DEVICE_CUDA)
+MUT(rot_ndim3, rotary(a); a->sin.ndim = 3)
+MUT(rot_last_stride, rotary(a); a->cos.stride[1] = 2)
+MUT(rot_null_data, rotary(a); a->sin.data = NULL)
+MUT(rot_cache_overlaps_cos, rotary(a); a->cache.k.data = region(R_COS))
+MUT(rot_out_overlaps_sin, rotary(a); a->o.data = region(R_SIN))
+MUT(lpad_paged, a->prm.cache_leftpad = a->lpad)
+MUT(lpad_past_len, a->prm.cache_leftpad = a->lpad; a->lpad[1] = 6)
+MUT(lpad_negative, a->prm.cache_leftpad = a->lpad; a->lpad[0] = -1)
+MUT(lpad_out_overlaps, a->prm.cache_leftpad = a->lpad; a->o.data = region(R_LPAD))
+MUT(lpad_cache_overlaps, a->prm.cache_leftpad = a->lpad; a->cache.v.data = region(R_LPAD))
 #undef MUT
 
 #define KV(nm, fn, st) {nm, fn, st, OP_KV, 0}
@@ -328,6 +375,31 @@ static const bad bads[] = {
     CALL("kv: appended cache->k aliases itself", cache_k_heads_alias, FA_ERR_INVALID_ARGUMENT),
     KV("kv: FA_ALGO_NAIVE context", algo_naive, FA_ERR_UNSUPPORTED),
     KV("kv: FA_ALGO_PLAIN context", algo_plain, FA_ERR_UNSUPPORTED),
+    KV("kv: rotary_cos without rotary_sin", rot_only_cos, FA_ERR_NULL_POINTER),
+    KV("kv: rotary_sin without rotary_cos", rot_only_sin, FA_ERR_NULL_POINTER),
+    KV("kv: rotary without k_new/v_new", rot_no_append, FA_ERR_NULL_POINTER),
+    KV("kv: rotary_dim 10 > head dim 8", rot_dim_past_d, FA_ERR_SHAPE),
+    KV("kv: rotary seqlen_ro < max_pages * page_size", rot_short_paged, FA_ERR_SHAPE),
+    KVC("kv: rotary seqlen_ro < max_len", rot_short_contig, FA_ERR_SHAPE),
+    KV("kv: rotary seqlen_ro short of causal queries past the new keys",
+       rot_short_for_queries, FA_ERR_SHAPE),
+    KV("kv: rotary_sin shape != rotary_cos shape", rot_sin_shape, FA_ERR_SHAPE),
+    KV("kv: rotary tables f16, q f32", rot_tables_f16, FA_ERR_DTYPE),
+    KV("kv: rotary_cos f32, rotary_sin bf16", rot_tables_mixed, FA_ERR_DTYPE),
+    KV("kv: rotary with FP8 inputs", rot_fp8, FA_ERR_DTYPE),
+    KV("kv: rotary_cos on cuda", rot_on_cuda, FA_ERR_DEVICE),
+    KV("kv: rotary_sin ndim 3", rot_ndim3, FA_ERR_SHAPE),
+    KV("kv: rotary_cos last stride 2", rot_last_stride, FA_ERR_STRIDE),
+    KV("kv: rotary_sin->data NULL", rot_null_data, FA_ERR_NULL_POINTER),
+    CALL("kv: appended cache overlaps rotary_cos", rot_cache_overlaps_cos,
+         FA_ERR_INVALID_ARGUMENT),
+    CALL("kv: out overlaps rotary_sin", rot_out_overlaps_sin, FA_ERR_INVALID_ARGUMENT),
+    KV("kv: cache_leftpad with a paged cache", lpad_paged, FA_ERR_UNSUPPORTED),
+    KVC("kv: cache_leftpad[1] 6 > seqlens[1] 5", lpad_past_len, FA_ERR_INVALID_ARGUMENT),
+    KVC("kv: cache_leftpad[0] -1", lpad_negative, FA_ERR_INVALID_ARGUMENT),
+    {"kv: out overlaps cache_leftpad", lpad_out_overlaps, FA_ERR_INVALID_ARGUMENT, OP_CALL, 1},
+    {"kv: appended cache overlaps cache_leftpad", lpad_cache_overlaps, FA_ERR_INVALID_ARGUMENT,
+     OP_CALL, 1},
     MERGE("merge: n 0", merge_n0, FA_ERR_INVALID_ARGUMENT),
     MERGE("merge: out_parts NULL", merge_parts_null, FA_ERR_NULL_POINTER),
     MERGE("merge: lse_parts NULL", merge_lparts_null, FA_ERR_NULL_POINTER),
@@ -374,12 +446,12 @@ static void one_bad(void **state) {
    legal variations: no append, ALiBi, a shared read-only page, an interleaved K/V cache. */
 static void valid_calls_pass(void **state) {
     (void)state;
-    for (int variant = 0; variant < 7; variant++)
+    for (int variant = 0; variant < 10; variant++)
         for (int op = OP_CALL; op <= OP_MERGE; op <<= 1) {
             fa_context *ctx;
             assert_int_equal(fa_context_create(&ctx, FA_BACKEND_CPU), FA_OK);
             kargs a;
-            reset(&a, ctx, variant == 1 || variant == 5);
+            reset(&a, ctx, variant == 1 || variant == 5 || variant == 8 || variant == 9);
             if (variant == 2) a.pkn = a.pvn = NULL;
             if (variant == 3) {
                 a.prm.alibi_slopes = a.slopes;
@@ -394,6 +466,16 @@ static void valid_calls_pass(void **state) {
                 a.cache.v.data = (float *)a.cache.k.data + D;
             }
             if (variant == 6) a.plse = NULL;
+            if (variant == 7) rotary(&a); /* paged, tables of exactly the capacity */
+            if (variant == 8) {            /* contiguous: tables longer than needed, left pads */
+                rotary(&a);
+                a.prm.cache_leftpad = a.lpad;
+                a.prm.rotary_interleaved = 0;
+            }
+            if (variant == 9) { /* a pad equal to the length, no append */
+                a.prm.cache_leftpad = a.lpad;
+                a.pkn = a.pvn = NULL;
+            }
             fa_status st = call(&a, op);
             if (st != FA_OK)
                 fail_msg("valid %s call (variant %d): %s: %s", op_name(op), variant,

@@ -28,7 +28,16 @@ void kv_case_format(const kv_case *c, char *buf, size_t len) {
 #define PUT(...) n += (size_t)snprintf(buf + n, n < len ? len - n : 0, __VA_ARGS__)
     PUT(" | cache[");
     for (int b = 0; b < c->batch; b++) PUT("%s%d", b ? "," : "", c->lens[b]);
-    PUT("]+%d room%d |", c->snew, c->room);
+    PUT("]+%d room%d", c->snew, c->room);
+    if (c->rot_dim)
+        PUT(" rotary%d%s%s", c->rot_dim, c->rot_interleaved ? "-interleaved" : "-halves",
+            c->rot_f32 ? "-f32tables" : "");
+    if (c->leftpad) {
+        PUT(" leftpad[");
+        for (int b = 0; b < c->batch; b++) PUT("%s%d", b ? "," : "", c->lpad[b]);
+        PUT("]");
+    }
+    PUT(" |");
     for (int i = 0; i < c->nvar; i++) {
         const kv_variant *v = &c->var[i];
         if (v->page) PUT(" page%d", v->page);
@@ -51,6 +60,11 @@ typedef struct kv_data {
     float *slopes;
     size_t slopes_len;
     fa_params p;
+    /* fused rotary: the tables [ro_len][rot_dim / 2] (rounded to their dtype), and q and the
+       keys as the reference sees them, rotated in float64 (the new rows only) */
+    int64_t ro_len;
+    fa_dtype ro_dt;
+    double *cos, *sin, *qr, *kr[TK_MAX_BATCH];
 } kv_data;
 
 static void data_free(kv_data *D) {
@@ -58,7 +72,11 @@ static void data_free(kv_data *D) {
     for (int b = 0; b < TK_MAX_BATCH; b++) {
         free(D->k[b]);
         free(D->v[b]);
+        free(D->kr[b]);
     }
+    free(D->cos);
+    free(D->sin);
+    free(D->qr);
     free(D->slopes);
 }
 
@@ -66,6 +84,55 @@ static double *normals(int64_t n, fa_dtype dt, tk_rng *r) {
     double *x = malloc((size_t)(n > 0 ? n : 1) * sizeof *x);
     for (int64_t i = 0; x && i < n; i++) x[i] = tk_round_to(dt, tk_rng_normal(r));
     return x;
+}
+
+/* x[0 .. rot_dim) rotated in float64 as position pos of the tables (the rule of
+   fa_params.rotary_cos, written out independently of src/rotary.h). */
+static void rotate_f64(const kv_data *D, double *x, int64_t pos) {
+    const kv_case *c = D->c;
+    const int half = c->rot_dim / 2;
+    for (int i = 0; i < half; i++) {
+        const int i1 = c->rot_interleaved ? 2 * i : i, i2 = c->rot_interleaved ? 2 * i + 1 : i + half;
+        const double co = D->cos[pos * half + i], si = D->sin[pos * half + i];
+        const double x1 = x[i1], x2 = x[i2];
+        x[i1] = x1 * co - x2 * si;
+        x[i2] = x1 * si + x2 * co;
+    }
+}
+
+/* The tables (random angles, long enough for any variant's capacity plus the queries past
+   the new keys) and the rotated copies of q and of the new keys. */
+static int rotary_init(kv_data *D, tk_rng *r) {
+    const kv_case *c = D->c;
+    const int half = c->rot_dim / 2;
+    D->ro_dt = c->rot_f32 ? FA_DTYPE_F32 : D->dt;
+    D->ro_len = D->max_tot + c->room + 256 + c->sq;
+    D->cos = malloc(sizeof(double) * (size_t)(D->ro_len * half));
+    D->sin = malloc(sizeof(double) * (size_t)(D->ro_len * half));
+    const int64_t nq = (int64_t)c->batch * c->sq * c->hq * c->d;
+    D->qr = malloc(sizeof(double) * (size_t)nq);
+    if (!D->cos || !D->sin || !D->qr) return 1;
+    for (int64_t i = 0; i < D->ro_len * half; i++) {
+        const double a = 6.283185307179586 * tk_rng_uniform(r);
+        D->cos[i] = tk_round_to(D->ro_dt, cos(a));
+        D->sin[i] = tk_round_to(D->ro_dt, sin(a));
+    }
+    memcpy(D->qr, D->q, sizeof(double) * (size_t)nq);
+    /* FlashAttention-2: per-token query positions when causal or windowed */
+    const int per_token = c->causal || (c->window && (c->wl >= 0 || c->wr >= 0));
+    for (int b = 0; b < c->batch; b++)
+        for (int i = 0; i < c->sq; i++)
+            for (int h = 0; h < c->hq; h++)
+                rotate_f64(D, D->qr + (((int64_t)b * c->sq + i) * c->hq + h) * c->d,
+                           c->lens[b] + (per_token ? i : 0));
+    for (int b = 0; b < c->batch; b++) {
+        D->kr[b] = malloc(sizeof(double) * (size_t)(D->tot[b] * D->row > 0 ? D->tot[b] * D->row : 1));
+        if (!D->kr[b]) return 1;
+        memcpy(D->kr[b], D->k[b], sizeof(double) * (size_t)(D->tot[b] * D->row));
+        for (int64_t t = c->lens[b]; t < D->tot[b]; t++)
+            for (int h = 0; h < c->hkv; h++) rotate_f64(D, D->kr[b] + t * D->row + h * c->d, t);
+    }
+    return 0;
 }
 
 static int data_init(kv_data *D, const kv_case *c, fa_dtype dt, tk_rng *r) {
@@ -83,6 +150,15 @@ static int data_init(kv_data *D, const kv_case *c, fa_dtype dt, tk_rng *r) {
     }
     D->q = normals((int64_t)c->batch * c->sq * c->hq * c->d, dt, r);
     if (!D->q) return 1;
+    /* rows before the left padding hold loud values: a call that attended to them would move
+       O far (finite, so that a masked read cannot turn into NaN, which the CUDA kernels do
+       not promise for keys sharing a tile with visible ones: issue 42) */
+    for (int b = 0; c->leftpad && b < c->batch; b++)
+        for (int64_t i = 0; i < (int64_t)c->lpad[b] * D->row; i++) {
+            D->k[b][i] = tk_round_to(dt, 4.0);
+            D->v[b][i] = tk_round_to(dt, 100.0);
+        }
+    if (c->rot_dim && rotary_init(D, r)) return 1;
     fa_params *p = &D->p;
     *p = fa_params_default();
     p->softmax_scale = c->scale;
@@ -112,7 +188,9 @@ typedef struct kv_ref {
 static int reference(const kv_data *D, fa_dtype dt, fa_algo algo, kv_ref *R, char *err,
                      size_t errlen) {
     const kv_case *c = D->c;
-    int64_t tq = (int64_t)c->batch * c->sq, tk = D->sum_tot > 0 ? D->sum_tot : 1;
+    int64_t tq = (int64_t)c->batch * c->sq, tk = 0;
+    for (int b = 0; b < c->batch; b++) tk += D->tot[b] - (c->leftpad ? c->lpad[b] : 0);
+    if (tk < 1) tk = 1;
     int64_t sq3[3] = {tq, c->hq, c->d}, sk3[3] = {tk, c->hkv, c->d}, sl[2] = {c->hq, tq};
     tk_buf q, k, v;
     memset(R, 0, sizeof *R);
@@ -125,22 +203,29 @@ static int reference(const kv_data *D, fa_dtype dt, fa_algo algo, kv_ref *R, cha
         snprintf(err, errlen, "out of memory for the reference");
         goto out;
     }
-    for (int64_t i = 0; i < tk_numel(&q.t); i++) tk_set(&q.t, i, D->q[i]);
+    /* the reference sees q and the new keys rotated (float64; tk_set rounds them to the
+       baseline's precision), and each sequence's keys from its left padding on */
+    const double *qs = D->qr ? D->qr : D->q;
+    for (int64_t i = 0; i < tk_numel(&q.t); i++) tk_set(&q.t, i, qs[i]);
     int32_t cu_q[TK_MAX_BATCH + 1] = {0}, cu_k[TK_MAX_BATCH + 1] = {0};
+    int64_t keys = 0;
     for (int b = 0; b < c->batch; b++) {
-        for (int64_t i = 0; i < D->tot[b] * D->row; i++) {
-            tk_set(&k.t, cu_k[b] * D->row + i, D->k[b][i]);
-            tk_set(&v.t, cu_k[b] * D->row + i, D->v[b][i]);
+        const double *ks = D->kr[b] ? D->kr[b] : D->k[b];
+        const int64_t first = c->leftpad ? c->lpad[b] : 0, n = D->tot[b] - first;
+        for (int64_t i = 0; i < n * D->row; i++) {
+            tk_set(&k.t, cu_k[b] * D->row + i, ks[first * D->row + i]);
+            tk_set(&v.t, cu_k[b] * D->row + i, D->v[b][first * D->row + i]);
         }
         cu_q[b + 1] = cu_q[b] + c->sq;
-        cu_k[b + 1] = cu_k[b] + (int32_t)D->tot[b];
+        cu_k[b + 1] = cu_k[b] + (int32_t)n;
+        keys += n;
     }
     R->lse_bhs = R->lse.t;
     R->lse_bhs.ndim = 3;
     int64_t shape[3] = {c->batch, c->hq, c->sq}, stride[3] = {c->sq, tq, 1};
     memcpy(R->lse_bhs.shape, shape, sizeof shape);
     memcpy(R->lse_bhs.stride, stride, sizeof stride);
-    if (D->sum_tot == 0) { /* no key anywhere: nothing for fa_fwd to run on */
+    if (keys == 0) { /* no key anywhere: nothing for fa_fwd to run on */
         for (int64_t i = 0; i < tk_numel(&R->o.t); i++) tk_set(&R->o.t, i, 0.0);
         for (int64_t i = 0; i < tk_numel(&R->lse.t); i++) tk_set(&R->lse.t, i, -INFINITY);
         rc = 0;
@@ -185,12 +270,13 @@ typedef struct kv_run {
     int64_t max_pages, num_pages, bt_stride;
     int32_t *bt, *seqlens;
     tk_buf q, k, v, kn, vn, o, lse;
+    tk_buf cos, sin;                /* the rotary tables (rot_dim > 0) */
     unsigned char *snap_k, *snap_v; /* the cache before the call */
     double *res_o, *res_lse;        /* the outputs, for comparisons across variants */
 } kv_run;
 
 static void run_free(kv_run *R) {
-    tk_buf *all[] = {&R->q, &R->k, &R->v, &R->kn, &R->vn, &R->o, &R->lse};
+    tk_buf *all[] = {&R->q, &R->k, &R->v, &R->kn, &R->vn, &R->o, &R->lse, &R->cos, &R->sin};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) tk_buf_free(all[i]);
     free(R->bt);
     free(R->seqlens);
@@ -256,6 +342,15 @@ static int run_alloc(kv_run *R, tk_rng *rng) {
     if (c->snew)
         e |= tk_buf_alloc_aligned(&R->kn, D->dt, 4, ns, st, align, rng) |
              tk_buf_alloc_aligned(&R->vn, D->dt, 4, ns, st, align, rng);
+    if (c->rot_dim) {
+        const int64_t ts[2] = {D->ro_len, c->rot_dim / 2};
+        e |= tk_buf_alloc_aligned(&R->cos, D->ro_dt, 2, ts, st, 1, rng) |
+             tk_buf_alloc_aligned(&R->sin, D->ro_dt, 2, ts, st, 1, rng);
+        for (int64_t i = 0; !e && i < ts[0] * ts[1]; i++) {
+            tk_set(&R->cos.t, i, D->cos[i]);
+            tk_set(&R->sin.t, i, D->sin[i]);
+        }
+    }
     R->seqlens = malloc(sizeof(int32_t) * (size_t)c->batch);
     R->bt = malloc(sizeof(int32_t) * (size_t)(c->batch * R->bt_stride));
     if (e || !R->seqlens || !R->bt) return 1;
@@ -299,16 +394,17 @@ static int run_alloc(kv_run *R, tk_rng *rng) {
 
 /* Device copies of the host arrays of a call. */
 typedef struct dev_arrays {
-    void *seqlens, *bt, *slopes;
+    void *seqlens, *bt, *slopes, *lpad;
 } dev_arrays;
 
 static fa_status call_kernel(kv_run *R, fa_context *ctx, dev_arrays *dv) {
     const kv_data *D = R->D;
     const kv_case *c = D->c;
     int on = R->on_dev;
-    tk_buf *io[] = {&R->q, &R->k, &R->v, &R->o, &R->lse, &R->kn, &R->vn};
-    int nio = c->snew ? 7 : 5;
+    tk_buf *io[] = {&R->q, &R->k, &R->v, &R->o, &R->lse, &R->kn, &R->vn, &R->cos, &R->sin};
+    int nio = c->rot_dim ? 9 : c->snew ? 7 : 5;
     fa_params p = D->p;
+    const int32_t *lpad = c->leftpad ? c->lpad : NULL;
     const int32_t *seqlens = R->seqlens, *bt = R->var->page ? R->bt : NULL;
     if (on) {
         for (int i = 0; i < nio; i++)
@@ -318,7 +414,10 @@ static fa_status call_kernel(kv_run *R, fa_context *ctx, dev_arrays *dv) {
                     : NULL;
         dv->slopes = D->slopes ? tk_device_copy_array(D->slopes, D->slopes_len * sizeof(float))
                                : NULL;
-        if (!dv->seqlens || (bt && !dv->bt) || (D->slopes && !dv->slopes)) return FA_ERR_CUDA;
+        dv->lpad = lpad ? tk_device_copy_array(lpad, sizeof(int32_t) * (size_t)c->batch) : NULL;
+        if (!dv->seqlens || (bt && !dv->bt) || (D->slopes && !dv->slopes) || (lpad && !dv->lpad))
+            return FA_ERR_CUDA;
+        lpad = dv->lpad;
         seqlens = dv->seqlens;
         bt = dv->bt;
         if (D->slopes) p.alibi_slopes = dv->slopes;
@@ -326,11 +425,19 @@ static fa_status call_kernel(kv_run *R, fa_context *ctx, dev_arrays *dv) {
 #define VIEW(b) (on ? tk_device_view(&(b)) : (b).t)
     fa_tensor q = VIEW(R->q), o = VIEW(R->o), lse = VIEW(R->lse);
     fa_kvcache cache = {VIEW(R->k), VIEW(R->v), seqlens, bt, R->bt_stride, R->max_pages};
-    fa_tensor kn, vn;
+    fa_tensor kn, vn, co, si;
     if (c->snew) {
         kn = VIEW(R->kn);
         vn = VIEW(R->vn);
     }
+    if (c->rot_dim) {
+        co = VIEW(R->cos);
+        si = VIEW(R->sin);
+        p.rotary_cos = &co;
+        p.rotary_sin = &si;
+        p.rotary_interleaved = c->rot_interleaved;
+    }
+    p.cache_leftpad = lpad;
 #undef VIEW
     fa_status st = fa_fwd_kvcache(ctx, &q, &cache, c->snew ? &kn : NULL, c->snew ? &vn : NULL,
                                   &p, R->var->splits, &o, &lse);
@@ -354,12 +461,42 @@ static int judge(tk_report *r, int verbose, const char *what, const fa_tensor *k
     return ok;
 }
 
+/* Fused rotary: each appended key element must be the float64 rotation of its new key to
+   within one rounding to the cache's dtype plus the fp32 arithmetic's; it is then copied
+   into the expected cache ek, so that the byte comparison covers everything else. */
+static int check_rotated_keys(tk_report *r, const kv_run *R, fa_tensor *ek) {
+    const kv_data *D = R->D;
+    const kv_case *c = D->c;
+    const double u = tk_unit_roundoff(D->dt) + ldexp(1.0, -22);
+    for (int b = 0; b < c->batch; b++)
+        for (int64_t t = c->lens[b]; t < D->tot[b]; t++)
+            for (int h = 0; h < c->hkv; h++)
+                for (int x = 0; x < c->d; x++) {
+                    const int64_t li = cache_index(R, b, t, h) + x;
+                    const double want = D->kr[b][t * D->row + h * c->d + x],
+                                 got = tk_get(&R->k.t, li);
+                    /* |x1 cos| + |x2 sin| <= 2 max |x| bounds the terms' sizes */
+                    double mag = 0;
+                    for (int i = 0; i < c->d; i++)
+                        mag = fmax(mag, fabs(D->k[b][t * D->row + h * c->d + i]));
+                    if (!(fabs(got - want) <= u * (fabs(want) + 4 * mag))) {
+                        addf(r, "    rotated key (batch %d, token %lld, kv head %d, column %d) "
+                                "in the cache is %.9g, expected %.9g\n",
+                             b, (long long)t, h, x, got, want);
+                        return 0;
+                    }
+                    tk_set(ek, li, got);
+                }
+    return 1;
+}
+
 /* The cache afterwards must equal the cache before with exactly the appended rows written. */
 static int check_cache(tk_report *r, kv_run *R) {
     fa_tensor ek = R->k.t, ev = R->v.t;
     ek.data = R->snap_k + ((char *)R->k.t.data - (char *)R->k.base);
     ev.data = R->snap_v + ((char *)R->v.t.data - (char *)R->v.base);
     put_rows(R, &ek, &ev, 1);
+    if (R->D->c->rot_dim && !check_rotated_keys(r, R, &ek)) return 0;
     const unsigned char *got[2] = {R->k.base, R->v.base}, *want[2] = {R->snap_k, R->snap_v};
     size_t bytes[2] = {R->k.bytes, R->v.bytes};
     for (int i = 0; i < 2; i++)
@@ -429,7 +566,7 @@ static int run_variant(tk_report *r, kv_run *R, const kv_ref *ref, const kv_ref 
     fa_status st = shared ? FA_OK : fa_context_create(&ctx, R->backend);
     if (st == FA_OK && R->var->threads && !R->on_dev)
         st = fa_context_set_threads(ctx, R->var->threads);
-    dev_arrays dv = {NULL, NULL, NULL};
+    dev_arrays dv = {NULL, NULL, NULL, NULL};
     if (st == FA_OK) st = call_kernel(R, ctx, &dv);
     int ok = st == FA_OK;
     if (!ok)
@@ -456,6 +593,7 @@ static int run_variant(tk_report *r, kv_run *R, const kv_ref *ref, const kv_ref 
     tk_device_free_array(dv.seqlens);
     tk_device_free_array(dv.bt);
     tk_device_free_array(dv.slopes);
+    tk_device_free_array(dv.lpad);
     if (!shared) fa_context_destroy(ctx);
     return ok;
 }

@@ -36,6 +36,11 @@ typedef struct kv_case {
     int strided;                /* non-contiguous q, out, lse, cache, k_new, v_new */
     int one_context;            /* every variant on one context, each meeting the workspace
                                    the ones before left (the CUDA decode's split counters) */
+    int rot_dim;                /* fused rotary over this many columns (0: off; needs snew) */
+    int rot_interleaved;        /* GPT-J pairs (2c, 2c + 1), else GPT-NeoX halves */
+    int rot_f32;                /* cos/sin tables in f32, else in the data's dtype */
+    int leftpad;                /* cache_leftpad given: lpad[] */
+    int32_t lpad[TK_MAX_BATCH]; /* first cache row each sequence attends to */
     int nvar;
     kv_variant var[KV_MAX_VARIANTS];
 } kv_case;

@@ -112,6 +112,31 @@ static const kv_case cases[] = {
      VARS(C(1), P(16, 2), C(0))},
     {SHAPE("batch8-page-edges", 8, 1, 2, 2, 32, F16), .lens = {0, 1, 2, 15, 16, 17, 63, 64},
      .snew = 1, .room = 15, VARS(P(16, 1), P(16, 2), P(64, 0), C(1))},
+    /* fused rotary (FlashAttention-2's rule): q and the new keys rotated at their positions,
+       the first rot_dim columns in GPT-NeoX halves or GPT-J pairs; non-causal calls rotate
+       every query at cache_seqlens, causal / windowed ones at cache_seqlens + i */
+    {SHAPE("rotary-halves-d72", 3, 1, 4, 2, 72, F16), .lens = {37, 0, 100}, .snew = 1,
+     .rot_dim = 32, VARS(C(1), P(16, 1), C(3), P(64, 0))},
+    {SHAPE("rotary-pairs-causal-new5", 3, 5, 6, 3, 72, BF16), .lens = {20, 3, 64}, .snew = 5,
+     .causal = 1, .rot_dim = 32, .rot_interleaved = 1, VARS(C(1), P(16, 2), C(0))},
+    {SHAPE("rotary-full-noncausal-new5-f32tables", 3, 5, 4, 4, 64, F32),
+     .lens = {10, 50, 7}, .snew = 5, .rot_dim = 64, .rot_interleaved = 1, .rot_f32 = 1,
+     .strided = 1, VARS(C(1), P(16, 1), C(2))},
+    {SHAPE("rotary-window-halves-d128", 2, 3, 4, 1, 128, F16), .lens = {90, 33}, .snew = 3,
+     WIN(16, -1), .rot_dim = 96, .room = 5, VARS(C(1), P(64, 2), C(0))},
+    {SHAPE("rotary-sq>new-causal", 2, 4, 2, 2, 32, F32), .lens = {12, 0}, .snew = 2,
+     .causal = 1, .rot_dim = 2, VARS(C(1), P(16, 1))},
+    /* left-padded caches (contiguous only): rows before cache_leftpad[b] hold loud values
+       (kvtest.c) that no row may see; a pad equal to the length leaves only the new keys */
+    {SHAPE("leftpad-decode", 3, 1, 4, 2, 64, F32), .lens = {40, 10, 100}, .snew = 1,
+     .leftpad = 1, .lpad = {5, 10, 37}, VARS(C(1), C(3), C(0))},
+    {SHAPE("leftpad-rotary-causal-d72", 3, 5, 4, 2, 72, BF16), .lens = {30, 8, 70}, .snew = 5,
+     .causal = 1, .leftpad = 1, .lpad = {7, 0, 69}, .rot_dim = 32, VARS(C(1), C(2), C(0))},
+    {SHAPE("leftpad-no-append-window-alibi", 2, 2, 4, 2, 32, F16), .lens = {50, 20},
+     .leftpad = 1, .lpad = {12, 20}, WIN(8, -1), .alibi = TK_ALIBI_HEAD, .room = 3,
+     VARS(C(1), C(2))},
+    {SHAPE("leftpad-long-splits", 1, 1, 4, 1, 64, F16), .lens = {1500}, .snew = 1,
+     .leftpad = 1, .lpad = {700}, VARS({0, 0, 4}, C(5), C(1))},
 };
 
 static fa_backend g_backend = FA_BACKEND_CPU;

@@ -182,6 +182,63 @@ static void version_one_struct_passes(void **state) {
     expect_refused(&p, "version 1 with version 2's size", "fa_params_default()");
 }
 
+/* A caller built with the version-2 header (0.2.1 .. 0.2.2): its struct ends where version
+   3's fields begin; the garbage past it (rotary table pointers among it) must not be read. */
+static void version_two_struct_passes(void **state) {
+    (void)state;
+    const size_t v2 = offsetof(fa_params, rotary_cos);
+    union {
+        fa_params p;
+        unsigned char bytes[sizeof(fa_params)];
+    } u;
+    memset(u.bytes, 0xff, sizeof u.bytes);
+    fa_params d = fa_params_default();
+    d.causal = 1;
+    memcpy(u.bytes, &d, v2);
+    u.p.struct_size = (uint32_t)v2;
+    u.p.version = 2;
+    for (int op = 0; op < NOPS; op++) {
+        fa_context *ctx;
+        assert_int_equal(fa_context_create(&ctx, FA_BACKEND_CPU), FA_OK);
+        reset();
+        fill_lse(ctx);
+        fa_status st = call(ctx, op, &u.p);
+        if (st != FA_OK)
+            fail_msg("%s with a version-2 struct: %s: %s", op_names[op], fa_status_string(st),
+                     fa_last_error(ctx));
+        fa_context_destroy(ctx);
+    }
+}
+
+/* The version-3 fields belong to fa_fwd_kvcache: fa_fwd and fa_bwd (and their workspace
+   queries) refuse them rather than ignore them, naming the field, writing nothing. */
+static void version_three_fields_refused_outside_kvcache(void **state) {
+    (void)state;
+    static float table[MAXLEN * 2];
+    static const int32_t pad[B] = {0, 0};
+    fa_tensor t = fa_tensor_2d(table, FA_DTYPE_F32, FA_DEVICE_CPU, MAXLEN, 2);
+    for (int field = 0; field < 2; field++) {
+        fa_params p = fa_params_default();
+        if (field == 0) p.rotary_cos = p.rotary_sin = &t;
+        else p.cache_leftpad = pad;
+        for (int op = OP_FWD; op <= OP_BWD_WS; op++) {
+            fa_context *ctx;
+            assert_int_equal(fa_context_create(&ctx, FA_BACKEND_CPU), FA_OK);
+            reset();
+            fill_lse(ctx);
+            memcpy(snapshot, arena, sizeof arena);
+            fa_status st = call(ctx, op, &p);
+            const char *msg = fa_last_error(ctx);
+            if (st != FA_ERR_INVALID_ARGUMENT || !strstr(msg, field ? "cache_leftpad" : "rotary"))
+                fail_msg("%s with %s: %s: %s", op_names[op], field ? "cache_leftpad" : "rotary",
+                         fa_status_string(st), msg);
+            if (memcmp(snapshot, arena, sizeof arena) != 0)
+                fail_msg("%s wrote memory although it failed", op_names[op]);
+            fa_context_destroy(ctx);
+        }
+    }
+}
+
 /* The version-2 options' own checks, before anything runs. */
 static void version_two_options_checked(void **state) {
     (void)state;
@@ -207,6 +264,8 @@ int main(void) {
         cmocka_unit_test(wrong_size_refused),
         cmocka_unit_test(version_one_struct_passes),
         cmocka_unit_test(version_two_options_checked),
+        cmocka_unit_test(version_two_struct_passes),
+        cmocka_unit_test(version_three_fields_refused_outside_kvcache),
     };
     return cmocka_run_group_tests_name("params", tests, NULL, NULL);
 }

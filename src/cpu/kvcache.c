@@ -20,6 +20,7 @@
 
 #include "decode_dot.h"
 #include "kvcache.h"
+#include "../rotary.h"
 #include "team.h"
 #include "tile_math.h"
 
@@ -61,12 +62,18 @@ fa_cpu_tiles FA_ISA_FN(fa_cpu_kv_tiles)(void) {
 
 static int64_t row_tiles(const fa_problem *p) { return (p->seqlen_q * p->group + BQ - 1) / BQ; }
 
+/* The first cache row sequence b attends to: its left padding (0 without cache_leftpad). */
+static inline int64_t kv_first(const fa_problem *p, int64_t b) {
+    return p->kv_leftpad ? p->kv_leftpad[b] : 0;
+}
+
 /* Keys the rows of sequence b can see at most: rows' ranges only move right with i, so the
    union lies within [lo(0), hi(sq - 1)). */
 static int64_t visible_keys(const fa_problem *p, int64_t b) {
     int64_t sk = fa_kv_len(p, b), lo, hi, unused;
     fa_row_keys(p, 0, p->seqlen_q, sk, &lo, &unused);
     fa_row_keys(p, p->seqlen_q - 1, p->seqlen_q, sk, &unused, &hi);
+    if (lo < kv_first(p, b)) lo = kv_first(p, b);
     return hi > lo ? hi - lo : 0;
 }
 
@@ -149,12 +156,28 @@ FA_TM_INLINE void *kv_row(const fa_problem *p, const fa_operand *a, size_t es, i
     return fa_tm_row(a, es, page, t % p->page_size, hk);
 }
 
+/* Row (b, t) of k_new into the cache at pos: copied, or rotated as position pos (fused
+   rotary: in fp32, stored once in the cache's dtype). */
+static void append_k(const fa_problem *p, size_t es, int64_t b, int64_t t, int64_t pos,
+                     int64_t h) {
+    void *dst = kv_row(p, &p->k, es, b, pos, h);
+    const void *src = fa_tm_row(&p->k_new, es, b, t, h);
+    if (!p->rot_dim) {
+        memcpy(dst, src, (size_t)p->d * es);
+        return;
+    }
+    float x[FA_MAX_HEAD_DIM];
+    fa_tm_load_row(x, src, p->dtype, (int)p->d, (int)p->d, 1.0f);
+    fa_rotary_row(x, p, pos);
+    fa_tm_store_row(dst, p->dtype, x, (int)p->d, 1.0f);
+}
+
 static void append_item(void *arg, int64_t w) {
     const fa_problem *p = arg;
     const size_t es = fa_dtype_size(p->dtype), bytes = (size_t)p->d * es;
     const int64_t b = w / p->seqlen_new, t = w % p->seqlen_new, pos = p->kv_seqlens[b] + t;
     for (int64_t h = 0; h < p->heads_kv; h++) {
-        memcpy(kv_row(p, &p->k, es, b, pos, h), fa_tm_row(&p->k_new, es, b, t, h), bytes);
+        append_k(p, es, b, t, pos, h);
         memcpy(kv_row(p, &p->v, es, b, pos, h), fa_tm_row(&p->v_new, es, b, t, h), bytes);
     }
 }
@@ -192,6 +215,8 @@ static void rows_init(kv_rows *R, const fa_problem *p, int64_t b, int64_t hk, in
         R->diag[r] = R->i[r] + sk - sq;
         R->slope[r] = fa_alibi_slope(p, b, R->h[r]);
         fa_row_keys(p, R->i[r], sq, sk, &R->q.lo[r], &R->q.hi[r]);
+        /* rows before the left padding are no keys (and are never read) */
+        if (R->q.lo[r] < kv_first(p, b)) R->q.lo[r] = kv_first(p, b);
     }
     fa_tm_qrows_bounds(&R->q);
     const int64_t u0 = R->q.ulo, u1 = R->q.uhi;
@@ -361,6 +386,10 @@ static void kv_item(const fa_problem *p, int64_t w, int splits, float *ws, const
     for (int r = 0; r < nr; r++)
         fa_tm_load_row(B.q + (ptrdiff_t)r * dp, fa_tm_row(&p->q, es, b, R.i[r], R.h[r]), dt, d,
                        dp, 1.0f);
+    /* fused rotary: each query row rotated in fp32 as it is used (q itself is not written) */
+    if (p->rot_dim)
+        for (int r = 0; r < nr; r++)
+            fa_rotary_row(B.q + (ptrdiff_t)r * dp, p, fa_rotary_q_pos(p, b, R.i[r]));
     memset(B.o, 0, (size_t)nr * dp * sizeof(float));
     for (int r = 0; r < nr; r++) {
         B.m[r] = -INFINITY;

@@ -382,9 +382,11 @@ static fa_status check_kvcache(fa_context *ctx, const fa_problem *p) {
     TRY(check_operand(ctx, fn, "k_new", &p->k_new, p->batch, p->seqlen_new, p->heads_kv));
     TRY(check_operand(ctx, fn, "v_new", &p->v_new, p->batch, p->seqlen_new, p->heads_kv));
     const void *ptrs[] = {p->q.data, p->o.data, p->k.data, p->v.data, p->k_new.data,
-                          p->v_new.data, p->lse, p->alibi, p->kv_seqlens, p->block_table};
+                          p->v_new.data, p->lse, p->alibi, p->kv_seqlens, p->block_table,
+                          p->rot_cos, p->rot_sin, p->kv_leftpad};
     const char *names[] = {"q", "out", "cache->k", "cache->v", "k_new", "v_new", "lse",
-                           "alibi_slopes", "cache->seqlens", "cache->block_table"};
+                           "alibi_slopes", "cache->seqlens", "cache->block_table", "rotary_cos",
+                           "rotary_sin", "cache_leftpad"};
     for (int i = 0; i < (int)(sizeof ptrs / sizeof *ptrs); i++)
         TRY(check_device_ptr(ctx, fn, names[i], ptrs[i]));
     return FA_OK;

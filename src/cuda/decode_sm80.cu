@@ -8,20 +8,23 @@
 #include <string.h>
 
 #include "decode_sm80.cuh"
+#include "rotary_sm80.cuh"
 #include "merge_sm80.h"
 
 namespace {
 
 /* The first rule sequence b breaks (its length, then the block_table entries of the pages it
    touches), or FA_BAD_NONE; fills *r when given. */
-__device__ int kv_rule(const int *seqlens, const int *bt, int64_t bt_stride, int b,
-                       int seqlen_new, int capacity, int page_size, int num_pages,
+__device__ int kv_rule(const int *seqlens, const int *bt, int64_t bt_stride, const int *leftpad,
+                       int b, int seqlen_new, int capacity, int page_size, int num_pages,
                        fa_bad_index *r) {
     const int n = seqlens[b];
     int kind = n < 0 ? FA_BAD_SEQLEN_NEGATIVE
                      : n > capacity - seqlen_new ? FA_BAD_SEQLEN_ROOM : FA_BAD_NONE;
     int j = 0, value = n, prev = seqlen_new;
     long long limit = capacity;
+    if (kind == FA_BAD_NONE && leftpad && (leftpad[b] < 0 || leftpad[b] > n))
+        kind = FA_BAD_LEFTPAD, value = leftpad[b], prev = 0, limit = n;
     if (kind == FA_BAD_NONE && bt) {
         const int pages = (int)(((long long)n + seqlen_new + page_size - 1) / page_size);
         for (int p = 0; p < pages && kind == FA_BAD_NONE; p++) {
@@ -40,21 +43,22 @@ __device__ int kv_rule(const int *seqlens, const int *bt, int64_t bt_stride, int
 }
 
 /* FA_DEVICE_CHECKS_SYNC: the record of the first bad sequence into *out (kind 0: none) */
-__global__ void kv_check_kernel(const int *seqlens, const int *bt, int64_t bt_stride, int batch,
-                                int seqlen_new, int capacity, int page_size, int num_pages,
-                                fa_bad_index *out) {
+__global__ void kv_check_kernel(const int *seqlens, const int *bt, int64_t bt_stride,
+                                const int *leftpad, int batch, int seqlen_new, int capacity,
+                                int page_size, int num_pages, fa_bad_index *out) {
     __shared__ int first;
     if (threadIdx.x == 0) first = INT_MAX;
     __syncthreads();
     for (int b = threadIdx.x; b < batch; b += blockDim.x)
-        if (kv_rule(seqlens, bt, bt_stride, b, seqlen_new, capacity, page_size, num_pages,
-                    nullptr) != FA_BAD_NONE)
+        if (kv_rule(seqlens, bt, bt_stride, leftpad, b, seqlen_new, capacity, page_size,
+                    num_pages, nullptr) != FA_BAD_NONE)
             atomicMin(&first, b);
     __syncthreads();
     if (threadIdx.x == 0) {
         fa_bad_index r = {};
         if (first != INT_MAX)
-            kv_rule(seqlens, bt, bt_stride, first, seqlen_new, capacity, page_size, num_pages, &r);
+            kv_rule(seqlens, bt, bt_stride, leftpad, first, seqlen_new, capacity, page_size,
+                    num_pages, &r);
         *out = r;
     }
 }
@@ -126,6 +130,34 @@ int key_step(int D) {
     }
 }
 
+/* The fused rotary embedding: q into q_rot, k_new rotated into the cache as it is appended
+   (v_new copied), both before the decode on the same stream. */
+template <typename T>
+cudaError_t rotate_t(const fa_problem *p, const fa::DecodeArgs &a, void *q_rot, cudaStream_t st) {
+    fa::RotaryArgs r;
+    r.cos = p->rot_cos, r.sin = p->rot_sin;
+    r.cos_st = p->rot_cos_st, r.sin_st = p->rot_sin_st;
+    r.rot_dim = (int)p->rot_dim;
+    r.interleaved = p->rot_interleaved;
+    r.cos_f32 = p->rot_dtype == FA_DTYPE_F32;
+    r.q_per_token = p->rot_q_per_token;
+    const int64_t nq = p->batch * p->seqlen_q * p->heads_q * p->d;
+    fa::rotary_q_kernel<T><<<(unsigned)((nq + 255) / 256), 256, 0, st>>>(
+        a, r, p->q.data, p->q.sb, p->q.st, p->q.sh, (T *)q_rot, (int)p->batch);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    const int64_t nk = p->batch * p->seqlen_new * p->heads_kv * p->d;
+    fa::rotary_append_kernel<T><<<(unsigned)((nk + 255) / 256), 256, 0, st>>>(
+        a, r, p->k_new.data, p->v_new.data, p->k_new.sb, p->k_new.st, p->k_new.sh, p->v_new.sb,
+        p->v_new.st, p->v_new.sh, (int)p->heads_kv, (int)p->batch);
+    return cudaGetLastError();
+}
+
+cudaError_t rotate(const fa_problem *p, const fa::DecodeArgs &a, void *q_rot, cudaStream_t st,
+                   bool bf) {
+    return bf ? rotate_t<__nv_bfloat16>(p, a, q_rot, st) : rotate_t<__half>(p, a, q_rot, st);
+}
+
 struct Plan {
     int splits, chunk, row_blocks;
 };
@@ -159,12 +191,21 @@ Plan plan_of(const fa_problem *p, int num_sms) {
 
 } // namespace
 
+/* Bytes of the rotated q (fused rotary; 0 without), a multiple of 256: it leads the
+   workspace, the splits' partials follow it. */
+size_t rotated_q_bytes(const fa_problem *p) {
+    if (!p->rot_dim) return 0;
+    const size_t b = (size_t)p->batch * p->seqlen_q * p->heads_q * p->d * 2;
+    return (b + 255) & ~(size_t)255;
+}
+
 extern "C" size_t fa_sm80_kvcache_workspace(const fa_problem *p, const fa_cuda_launch *l) {
     const Plan pl = plan_of(p, l->num_sms);
-    if (pl.splits == 1) return 0;
+    const size_t qb = rotated_q_bytes(p);
+    if (pl.splits == 1) return qb ? qb + 256 : 0;
     const size_t rows = (size_t)pl.splits * p->batch * p->seqlen_q * p->heads_q;
     const size_t counters = (size_t)pl.row_blocks * p->heads_kv * p->batch;
-    return rows * (size_t)p->d * 4 + rows * 4 + counters * 4 + 256;
+    return qb + rows * (size_t)p->d * 4 + rows * 4 + counters * 4 + 256;
 }
 
 extern "C" fa_status fa_sm80_kvcache_check(const fa_problem *p, void *ws, void *stream, char *msg,
@@ -173,7 +214,7 @@ extern "C" fa_status fa_sm80_kvcache_check(const fa_problem *p, void *ws, void *
     cudaStream_t st = (cudaStream_t)stream;
     fa_bad_index host;
     kv_check_kernel<<<1, 256, 0, st>>>(p->kv_seqlens, p->block_table, p->bt_stride,
-                                       (int)p->batch, (int)p->seqlen_new, (int)p->seqlen_k,
+                                       p->kv_leftpad, (int)p->batch, (int)p->seqlen_new, (int)p->seqlen_k,
                                        (int)p->page_size, (int)p->num_pages, (fa_bad_index *)ws);
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess) e = cudaMemcpyAsync(&host, ws, sizeof host, cudaMemcpyDeviceToHost, st);
@@ -213,6 +254,7 @@ extern "C" fa_status fa_sm80_fwd_kvcache(const fa_problem *p, fa_cuda_launch *l,
     a.v_sb = p->v.sb, a.v_st = p->v.st, a.v_sh = p->v.sh;
     a.seqlens = p->kv_seqlens;
     a.block_table = p->block_table;
+    a.leftpad = p->kv_leftpad;
     a.bt_stride = p->bt_stride;
     a.page_size = (int)p->page_size;
     a.page_shift = -1;
@@ -235,8 +277,11 @@ extern "C" fa_status fa_sm80_fwd_kvcache(const fa_problem *p, fa_cuda_launch *l,
     a.lse = (float *)p->lse;
     a.lse_sb = p->lse_sb, a.lse_sh = p->lse_sh, a.lse_st = p->lse_st;
     const size_t part_rows = (size_t)pl.splits * p->batch * p->seqlen_q * p->heads_q;
+    char *ws = (char *)(((uintptr_t)l->ws + 255) & ~(uintptr_t)255);
+    void *q_rot = ws; /* rotated q, when the rotary embedding is on */
+    ws += rotated_q_bytes(p);
     if (pl.splits > 1) {
-        a.part_o = (float *)(((uintptr_t)l->ws + 255) & ~(uintptr_t)255);
+        a.part_o = (float *)ws;
         a.part_lse = a.part_o + part_rows * p->d;
         a.counters = (int *)(a.part_lse + part_rows);
     }
@@ -252,7 +297,12 @@ extern "C" fa_status fa_sm80_fwd_kvcache(const fa_problem *p, fa_cuda_launch *l,
         l->left_zero_bytes = cb;
     }
 
-    if (e == cudaSuccess && p->k_new.data && p->seqlen_new > 0) {
+    if (e == cudaSuccess && p->rot_dim) {
+        e = rotate(p, a, q_rot, st, bf);
+        /* the decode reads the rotated copy: contiguous [batch, seqlen_q, heads_q, d] */
+        a.q = q_rot;
+        a.q_sh = p->d, a.q_st = p->heads_q * p->d, a.q_sb = p->seqlen_q * p->heads_q * p->d;
+    } else if (e == cudaSuccess && p->k_new.data && p->seqlen_new > 0) {
         const int64_t n = p->batch * p->seqlen_new * p->heads_kv * (p->d / 8);
         const int blocks = (int)((n + 255) / 256);
         if (bf)

@@ -37,6 +37,7 @@ struct DecodeArgs {
     int64_t q_sb, q_st, q_sh, k_sb, k_st, k_sh, v_sb, v_st, v_sh;
     const int *seqlens;     /* [batch] tokens in the cache before the append */
     const int *block_table; /* NULL: contiguous */
+    const int *leftpad;     /* [batch] first row each sequence attends to; NULL: 0 */
     int64_t bt_stride;
     int page_size, num_pages, capacity, seqlen_new;
     int page_shift;         /* log2(page_size) when it is a power of two, else -1 */
@@ -81,6 +82,14 @@ __device__ __forceinline__ int kv_len(const DecodeArgs &a, int b) {
     return (int)min((long long)max(a.seqlens[b], 0) + a.seqlen_new, (long long)a.capacity);
 }
 
+/* The first row of sequence b's keys: its left padding, clamped into [0, its clamped length
+   before the append] (a bad value is reported by check_sequence). */
+__device__ __forceinline__ int kv_first(const DecodeArgs &a, int b) {
+    if (!a.leftpad) return 0;
+    const int n = min(max(a.seqlens[b], 0), max(a.capacity - a.seqlen_new, 0));
+    return min(max(a.leftpad[b], 0), n);
+}
+
 /*
  * The checks of FA_DEVICE_CHECKS_ASYNC, which the loads' clamps make safe to run last: a bad
  * length of sequence b (by its first block), a bad block_table entry among the pages of the
@@ -96,6 +105,8 @@ __device__ __forceinline__ void check_sequence(const DecodeArgs &a, int b, int s
     if (tid == 0 && split == 0 && (n < 0 || n > a.capacity - a.seqlen_new))
         report_bad(a.bad, n < 0 ? FA_BAD_SEQLEN_NEGATIVE : FA_BAD_SEQLEN_ROOM, 0, b, 0, n,
                    a.seqlen_new, a.capacity);
+    if (tid == 0 && split == 0 && a.leftpad && (a.leftpad[b] < 0 || a.leftpad[b] > n))
+        report_bad(a.bad, FA_BAD_LEFTPAD, 0, b, 0, a.leftpad[b], 0, n);
     if (!a.block_table) return;
     const int k0 = split * a.chunk, k1 = min(kv_len(a, b), k0 + a.chunk);
     if (k0 >= k1) return;
@@ -308,7 +319,10 @@ __global__ void __launch_bounds__(C::THREADS) decode_sm80_kernel(const __grid_co
     /* this split's keys, and those some row of the block sees */
     const int k_begin = split * a.chunk, k_end = min(L, k_begin + a.chunk);
     const int last_row = min(row0 + 15, a.rows - 1);
-    const fa_range seen = fa_rows_union(rk(), row0 / a.group, last_row / a.group + 1);
+    fa_range seen = fa_rows_union(rk(), row0 / a.group, last_row / a.group + 1);
+    /* keys before the left padding are no keys: every row's range starts at lp at the least */
+    const int lp = kv_first(a, b);
+    seen.lo = max(seen.lo, lp);
     /* kb on a multiple of BNW (tiles then start on page rows the fast loader takes); keys
        before the first row's window start are masked like any edge */
     const int kb = max(k_begin, seen.lo & ~(BNW - 1)), ke = min(k_end, seen.hi);
@@ -355,13 +369,14 @@ __global__ void __launch_bounds__(C::THREADS) decode_sm80_kernel(const __grid_co
     for (int hr = 0; hr < 2; hr++) {
         const int pr = min(row0 + g + hr * 8, a.rows - 1);
         t_r[hr] = pr / a.group;
-        lo_r[hr] = fa_rows_lo(rk(), t_r[hr]);
+        lo_r[hr] = max(fa_rows_lo(rk(), t_r[hr]), lp);
         hi_r[hr] = fa_rows_hi(rk(), t_r[hr]);
         c_r[hr] = t_r[hr] + diag;
         const int h = hk * a.group + pr % a.group;
         slope_r[hr] = alibi_slope_log2(a.m, b, h);
     }
-    const fa_range both = fa_rows_common(rk(), t_r[0], t_r[1] + 1);
+    fa_range both = fa_rows_common(rk(), t_r[0], t_r[1] + 1);
+    both.lo = max(both.lo, lp); /* a tile reaching below lp needs the mask */
 
     for (int i = 0; i < ntiles; i++) {
         const int j0 = first + i * step;
