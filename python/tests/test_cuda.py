@@ -286,7 +286,8 @@ def _kvcache_errors_and_merge():
     bad[1, 1] = pool_k.shape[0]
     before = bits16(pool_k).clone()
     for kw, frag in ((dict(cache_seqlens=seqlens, block_table=bad), "outside the pool"),
-                     (dict(cache_seqlens=seqlens + 1000, block_table=table), "capacity")):
+                     (dict(cache_seqlens=seqlens + 1000, block_table=table),
+                      "row of cache->block_table maps")):
         with pytest.raises(flashattn.FlashAttnError) as e:
             flashattn.flash_attn_with_kvcache(q, pool_k, pool_v, kn, kn, **kw)
         assert e.value.status_name == "FA_ERR_VARLEN" and frag in e.value.message, str(e.value)

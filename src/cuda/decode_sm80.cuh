@@ -103,8 +103,8 @@ __device__ __forceinline__ void check_sequence(const DecodeArgs &a, int b, int s
     if (blockIdx.y != 0 || rb != 0) return;
     const int n = a.seqlens[b];
     if (tid == 0 && split == 0 && (n < 0 || n > a.capacity - a.seqlen_new))
-        report_bad(a.bad, n < 0 ? FA_BAD_SEQLEN_NEGATIVE : FA_BAD_SEQLEN_ROOM, 0, b, 0, n,
-                   a.seqlen_new, a.capacity);
+        report_bad(a.bad, n < 0 ? FA_BAD_SEQLEN_NEGATIVE : FA_BAD_SEQLEN_ROOM,
+                   a.block_table != nullptr, b, 0, n, a.seqlen_new, a.capacity); /* kv_rule */
     if (tid == 0 && split == 0 && a.leftpad && (a.leftpad[b] < 0 || a.leftpad[b] > n))
         report_bad(a.bad, FA_BAD_LEFTPAD, 0, b, 0, a.leftpad[b], 0, n);
     if (!a.block_table) return;
