@@ -285,8 +285,9 @@ typedef struct fa_params {
        applied as the new keys are appended; FA_ERR_NULL_POINTER without them) and a cache of
        f16, bf16 or f32 (not FP8: FA_ERR_DTYPE). seqlen_ro must be >= the cache's capacity
        (max_len, or max_pages * page_size), FlashAttention-2's rule, which bounds every
-       position a call can use without reading seqlens (device memory on the GPU); else
-       FA_ERR_SHAPE. Positions are cache rows counted from 0 (cache_leftpad does not shift
+       position a call can use without reading seqlens (device memory on the GPU), plus
+       seqlen_q - seqlen_new when a causal or windowed call has more query tokens than new
+       keys (their positions run past the keys'); else FA_ERR_SHAPE. Positions are cache rows counted from 0 (cache_leftpad does not shift
        them): new key j of sequence b sits at seqlens[b] + j; query token i at seqlens[b] + i
        when causal or a window is set (window_left or window_right >= 0), else every query
        token of b at seqlens[b]. The first rotary_dim columns of q and of the new k rotate by
@@ -302,7 +303,8 @@ typedef struct fa_params {
     int rotary_interleaved;
     /* Left-padded caches: int32 [batch] on the device of the tensors, NULL for none.
        Sequence b's keys are cache rows cache_leftpad[b] .. seqlens[b] + seqlen_new - 1: rows
-       before cache_leftpad[b] are not attended (nor read), and the masks align bottom-right
+       before cache_leftpad[b] are not attended (the CPU does not read them; on the GPU
+       fa_fwd's note on NaN in masked keys of a shared tile applies), and the masks align bottom-right
        as before (query i of sq sits on row i + seqlens[b] + seqlen_new - sq); the append
        still starts at row seqlens[b]. 0 <= cache_leftpad[b] <= seqlens[b] (on the CPU
        checked first: FA_ERR_INVALID_ARGUMENT naming the element; on the GPU checked as

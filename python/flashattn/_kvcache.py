@@ -58,9 +58,28 @@ def _host_values(a):
     return a.tolist()
 
 
+def _rotary_tables(ops, q, rotary_cos, rotary_sin):
+    """The rotary tables as the library reads them: 2-D, on q's device, q's dtype or float32
+    (the library checks the rest: matching shapes, rotary_dim <= headdim, seqlen_ro)."""
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError(f"{'rotary_cos' if rotary_cos is not None else 'rotary_sin'} is given "
+                         f"but {'rotary_sin' if rotary_cos is not None else 'rotary_cos'} is "
+                         f"not: the rotary embedding needs both")
+    tables = []
+    for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+        if t.ndim != 2:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}: expected (seqlen_ro, "
+                             f"rotary_dim / 2)")
+        if is_torch(t) != is_torch(q) or (is_torch(t) and t.device != q.device):
+            raise ValueError(f"{name} must be on q's device ({q.device if is_torch(q) else 'numpy'})")
+        tables.append(ops.prepare(t))
+    return tables
+
+
 def kvcache_forward(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
                     cache_batch_idx=None, block_table=None, num_splits=0, return_lse=False,
-                    _opts=None):
+                    _opts=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=True,
+                    cache_leftpad=None):
     """fa_fwd_kvcache on numpy arrays or torch tensors; see flash_attn_with_kvcache.
     Returns (out, softmax_lse or None)."""
     opts = _opts
@@ -71,7 +90,7 @@ def kvcache_forward(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
     if ext is not None and cache_batch_idx is None and opts.descales is None:
         r = ext.fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, None, None,
                             return_lse, *opts.ext_scalars(), opts.alibi_slopes, num_splits,
-                            None)
+                            None, rotary_cos, rotary_sin, rotary_interleaved, cache_leftpad)
         if r is not NotImplemented:
             return r
     if ext is None:
@@ -88,6 +107,11 @@ def kvcache_forward(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
     if k is not None and not append:
         k = v = None  # zero new tokens: nothing to append (the library wants seqlen_new >= 1)
 
+    if cache_batch_idx is not None and cache_leftpad is not None:
+        # cache_batch_idx runs as a block table of one page per sequence, and the library
+        # takes left padding for contiguous caches only
+        raise ValueError("cache_batch_idx with cache_leftpad is not supported: gather the "
+                         "cache rows (k_cache[cache_batch_idx]) first")
     if cache_batch_idx is not None and block_table is not None:
         raise ValueError("cache_batch_idx selects rows of a contiguous cache; a paged cache "
                          "(block_table given) has no batch rows to select (flash_attn refuses "
@@ -157,12 +181,22 @@ def kvcache_forward(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
                 raise ValueError(f"cache_seqlens has shape {tuple(seqlens.shape)}: expected "
                                  f"({batch},) int32, or an int")
 
+        tables = (_rotary_tables(ops, q, rotary_cos, rotary_sin)
+                  if rotary_cos is not None or rotary_sin is not None else None)
+        leftpad = None
+        if cache_leftpad is not None:
+            leftpad = ops.small(cache_leftpad, "int32", q, "cache_leftpad")
+            if tuple(leftpad.shape) != (batch,):
+                raise ValueError(f"cache_leftpad has shape {tuple(leftpad.shape)}: expected "
+                                 f"({batch},) int32")
         if ext is not None:
             alibi = aux_arrays(ops, opts, q)[0]
             desc = _fp8.descale_arrays(ops, opts.descales, q, k_cache.shape[2], batch)
             r = ext.fwd_kvcache(q, k_cache, v_cache, k if append else None,
                                 v if append else None, seqlens, table, out, lse, return_lse,
-                                *opts.ext_scalars(), alibi, num_splits, desc)
+                                *opts.ext_scalars(), alibi, num_splits, desc,
+                                *(tables if tables is not None else (None, None)),
+                                rotary_interleaved, leftpad)
             if r is NotImplemented:
                 raise RuntimeError("flashattn._ext declined fwd_kvcache after the arguments "
                                    "were normalised: a bug in flashattn, please report it")
@@ -177,6 +211,14 @@ def kvcache_forward(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
             cache.max_pages = table.shape[1]
             cache.block_table_stride = table.shape[1]
         r = ctypes.byref
+        if tables is not None:
+            # the views live in locals until the call returns; params holds their addresses
+            cos_v, sin_v = ops.view(tables[0]), ops.view(tables[1])
+            bound.params.rotary_cos = ctypes.addressof(cos_v)
+            bound.params.rotary_sin = ctypes.addressof(sin_v)
+            bound.params.rotary_interleaved = int(bool(rotary_interleaved))
+        if leftpad is not None:
+            bound.params.cache_leftpad = ops.ptr(leftpad)
         qv, ov = ops.view(q), ops.view(out)
         kv = (r(ops.view(k)), r(ops.view(v))) if append else (None, None)
         lv = r(ops.view(lse)) if lse is not None else None

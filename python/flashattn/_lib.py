@@ -78,7 +78,7 @@ DTYPE_F32, DTYPE_F16, DTYPE_BF16, DTYPE_F8_E4M3, DTYPE_F64, DTYPE_F8_E5M2 = 0, 1
 DEVICE_CPU, DEVICE_CUDA = 0, 1
 BACKEND_AUTO, BACKEND_CPU, BACKEND_CUDA = 0, 1, 2
 ALGOS = {"auto": 0, "naive": 1, "plain": 2}
-PARAMS_VERSION = 2  # FA_PARAMS_VERSION of the header that Params mirrors
+PARAMS_VERSION = 3  # FA_PARAMS_VERSION of the header that Params mirrors
 
 
 class Tensor(ctypes.Structure):
@@ -125,6 +125,11 @@ class Params(ctypes.Structure):
         ("k_descale", ctypes.c_void_p),
         ("v_descale", ctypes.c_void_p),
         ("descale_batch_stride", ctypes.c_int64),
+        # version 3: fa_fwd_kvcache's fused rotary embedding and left padding
+        ("rotary_cos", ctypes.c_void_p),  # const fa_tensor *
+        ("rotary_sin", ctypes.c_void_p),
+        ("rotary_interleaved", ctypes.c_int),
+        ("cache_leftpad", ctypes.c_void_p),
     ]
 
     @classmethod

@@ -20,8 +20,9 @@ Differences from flash_attn, all explicit:
   - A row that sees no key gets out = 0 and softmax_lse = -inf (flash_attn leaves its LSE
     unspecified / +inf for an empty key set).
   - flash_attn_varlen_func(block_table=...) raises NotImplementedError (the library's paged
-    cache takes BSHD queries: use flash_attn_with_kvcache); flash_attn_with_kvcache raises it
-    for rotary_cos / rotary_sin and cache_leftpad.
+    cache takes BSHD queries: use flash_attn_with_kvcache). flash_attn_with_kvcache takes
+    rotary_cos / rotary_sin / rotary_interleaved and cache_leftpad with flash_attn's meaning
+    (cache_leftpad for contiguous caches only, as flash_attn; rotary_dim any even number).
   - softmax_scale = 0 is rejected (ValueError); None means 1/sqrt(head_dim).
   - FP8 (FlashAttention-3's interface): flash_attn_func, flash_attn_varlen_func and
     flash_attn_with_kvcache take float8_e4m3fn / float8_e5m2 q, k, v (one dtype for all) and
@@ -274,37 +275,54 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                    describe the whole cache (appended tokens included); out is bfloat16.
                    See the top of flash_attn_interface.
 
-    Not supported (NotImplementedError): rotary_cos / rotary_sin (apply the rotary embedding
-    to q and k before the call) and cache_leftpad.
+    rotary_cos, rotary_sin  None, or (seqlen_ro, rotary_dim / 2) tables of q's dtype or
+                   float32 on q's device, rotary_dim even and <= headdim: the rotary embedding
+                   applied to q and to k as k is appended (k, v required), as in flash_attn:
+                   new key j of sequence b at position cache_seqlens[b] + j; query i at
+                   cache_seqlens[b] + i when causal or window_size != (-1, -1), else every
+                   query at cache_seqlens[b]. The first rotary_dim columns rotate; the cache
+                   holds the rotated keys afterwards; q and k are not modified. seqlen_ro must
+                   cover the cache's capacity (seqlen_cache, or max_pages * page_size), plus
+                   seqlen_q - seqlen_new for causal/windowed calls with more queries than new
+                   keys.
+    rotary_interleaved  True: GPT-J pairs (0, 1), (2, 3), ...; False: GPT-NeoX halves
+                   (i, i + rotary_dim / 2).
+    cache_leftpad  None, or int32 (batch,): sequence b's keys start at cache row
+                   cache_leftpad[b] (rows before it are not attended);
+                   0 <= cache_leftpad[b] <= cache_seqlens[b]. Contiguous caches only (with
+                   block_table flashattn refuses it, as flash_attn does). Rotary positions are
+                   cache rows counted from 0, not from the pad (flash_attn's rule).
+    rotary / cache_leftpad are refused under torch.compile tracing (the traced custom op does
+    not take them yet).
     """
     ext = _native.ext
     tracing = _tracing()
-    if (ext is not None and not tracing and rotary_cos is None and rotary_sin is None
-            and cache_batch_idx is None and cache_leftpad is None and q_descale is None
+    if (ext is not None and not tracing and cache_batch_idx is None and q_descale is None
             and k_descale is None and v_descale is None):
         r = ext.fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, None, None,
                             return_softmax_lse, softmax_scale, causal, window_size, softcap,
-                            alibi_slopes, num_splits, None)
+                            alibi_slopes, num_splits, None, rotary_cos, rotary_sin,
+                            rotary_interleaved, cache_leftpad)
         if r is not NotImplemented:
             return r if return_softmax_lse else r[0]
-    if rotary_cos is not None or rotary_sin is not None:
-        raise NotImplementedError(
-            "flash_attn_with_kvcache(rotary_cos=..., rotary_sin=...): flashattn has no fused "
-            "rotary embedding; rotate q and the new k before the call and pass "
-            "rotary_cos=rotary_sin=None")
-    if cache_leftpad is not None:
-        raise NotImplementedError(
-            "flash_attn_with_kvcache(cache_leftpad=...): left-padded caches are not supported "
-            "(the library's caches start at position 0); pass cache_leftpad=None")
+    fused = rotary_cos is not None or rotary_sin is not None or cache_leftpad is not None
     opts = _core.Options(softmax_scale, causal, window_size, softcap, alibi_slopes,
                          descales=(q_descale, k_descale, v_descale))
+    if tracing and fused:
+        raise NotImplementedError(
+            "flash_attn_with_kvcache(rotary_cos=, rotary_sin=, cache_leftpad=) under "
+            "torch.compile / torch.export: the traced custom op does not take them yet; call "
+            "it eagerly, or rotate q and k before the call")
     if tracing:
         from . import _torch_ops
         return _torch_ops.kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx,
                                   block_table, opts, num_splits, return_softmax_lse)
     out, lse = _kvcache.kvcache_forward(q, k_cache, v_cache, k, v, cache_seqlens,
                                         cache_batch_idx, block_table, num_splits,
-                                        bool(return_softmax_lse), _opts=opts)
+                                        bool(return_softmax_lse), _opts=opts,
+                                        rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                                        rotary_interleaved=rotary_interleaved,
+                                        cache_leftpad=cache_leftpad)
     return (out, lse) if return_softmax_lse else out
 
 

@@ -467,20 +467,22 @@ done:
 
 /* fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, want_lse,
                softmax_scale, causal, window_size, softcap, alibi_slopes, num_splits,
-               descales)
-   -> (out, lse or None), or NotImplemented (FP8 q without out too, as for fwd). The fast
-   path takes cache_seqlens as an int32 array of batch values and block_table as int32
-   (batch, max_pages) rows, both on the tensors' device; k and v are appended into the caches
-   in place. */
+               descales, rotary_cos, rotary_sin, rotary_interleaved, cache_leftpad)
+   -> (out, lse or None), or NotImplemented (FP8 q without out too, as for fwd). The rotary
+   tables are 2-d inputs (the library checks their dtype, shape and device); cache_leftpad an
+   int32 array of batch values. The fast path takes cache_seqlens as an int32 array of batch
+   values and block_table as int32 (batch, max_pages) rows, both on the tensors' device; k and
+   v are appended into the caches in place. Shorter calls (16 arguments: no descales; 17: no
+   rotary or leftpad) mean None for the rest, so older callers keep working. */
 static PyObject *ext_fwd_kvcache(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     (void)self;
-    PyObject *a17[17];
-    if (n == 16) { /* descales left out: None */
-        memcpy(a17, a, 16 * sizeof *a);
-        a17[16] = Py_None;
-        a = a17, n = 17;
+    PyObject *full[21];
+    if (n == 16 || n == 17) {
+        memcpy(full, a, (size_t)n * sizeof *a);
+        for (Py_ssize_t i = n; i < 21; i++) full[i] = i == 19 ? Py_False : Py_None;
+        a = full, n = 21;
     }
-    NARGS("fwd_kvcache", 17);
+    NARGS("fwd_kvcache", 21);
     ext_call call;
     ext_call_init(&call);
     fa_params p;
@@ -529,6 +531,21 @@ static PyObject *ext_fwd_kvcache(PyObject *self, PyObject *const *a, Py_ssize_t 
     if (want_lse && (r = ext_output(&call, a[8], "softmax_lse", a[0], &q, lshape, 3, 1, 1, &l)))
         goto done;
     if (a[14] != Py_None && (r = ext_alibi(&call, a[14], batch, q.shape[2], &p))) goto done;
+    fa_tensor rcos, rsin;
+    if ((a[17] != Py_None) != (a[18] != Py_None)) { r = EXT_DECLINE; goto done; }
+    if (a[17] != Py_None) {
+        if ((r = ext_input(&call, a[17], "rotary_cos", 2, 1, &rcos)) ||
+            (r = ext_input(&call, a[18], "rotary_sin", 2, 1, &rsin)))
+            goto done;
+        p.rotary_cos = &rcos;
+        p.rotary_sin = &rsin;
+        p.rotary_interleaved = PyObject_IsTrue(a[19]);
+        if (p.rotary_interleaved < 0) goto fail;
+    }
+    if (a[20] != Py_None) {
+        if ((r = ext_index(&call, a[20], 1, 1, &p.cache_leftpad, NULL, NULL))) goto done;
+        if (call.index_len[1] != batch) { r = EXT_DECLINE; goto done; }
+    }
     EXT_RUN(call, r, c,
             fa_fwd_kvcache(c, &q, &cache, append ? &kn : NULL, append ? &vn : NULL, &p,
                            (int)splits, &o, want_lse ? &l : NULL));

@@ -309,3 +309,33 @@ def _kvcache_errors_and_merge():
     # each of out, o1, o2 and full is rounded to bf16 once
     bound = 4 * 2.0**-8 * max(1.0, full.float().abs().max().item())
     assert (out.float() - full.float()).abs().max().item() <= bound
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("i", range(8), ids=lambda i: f"rot-case{i}")
+def test_kvcache_rotary_and_leftpad(i, dtype, seed):
+    """test_kvcache.py's rotary / left-padding cases on the GPU: q rotated into the workspace,
+    k rotated as it is appended, keys from the pad on; against the same float64 reference."""
+    need_backend()
+    import test_kvcache as T
+    np_dt = np.dtype(np.float16) if dtype == "float16" else R.BF16
+    if np_dt is None:
+        pytest.skip("bfloat16 needs ml_dtypes")
+    tdt = getattr(torch, dtype)
+
+    def to(x):
+        x = np.ascontiguousarray(x)
+        if x.dtype == R.BF16:
+            return torch.from_numpy(x.view(np.int16)).view(torch.bfloat16).cuda()
+        return torch.from_numpy(x).cuda()
+
+    def back(x):
+        x = x.detach().cpu()
+        if x.dtype == torch.bfloat16:
+            return x.view(torch.int16).numpy().view(R.BF16)
+        return x.numpy()
+
+    assert tdt in (torch.float16, torch.bfloat16)
+    T.rot_check(T.ROT_CASES[i], np_dt, np.random.default_rng(seed), seed, dev=(to, back))
+    torch.cuda.synchronize()
+    flashattn.check()

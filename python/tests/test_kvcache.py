@@ -386,16 +386,7 @@ def lib_error(status_name, fragment, fn, *args, **kw):
     return e.value
 
 
-@pytest.mark.parametrize("kw,match", [
-    (dict(rotary_cos=np.ones((8, 8), np.float32)), "rotary"),
-    (dict(rotary_sin=np.ones((8, 8), np.float32)), "rotary"),
-    (dict(cache_leftpad=np.zeros(2, np.int32)), "cache_leftpad"),
-])
-def test_unsupported_arguments(kw, match):
-    kc = KC.copy()
-    with pytest.raises(NotImplementedError, match=match):
-        flashattn.flash_attn_with_kvcache(Q, kc, kc.copy(), KN, KN, cache_seqlens=1, **kw)
-    assert not kc.any()  # nothing appended
+def test_unsupported_arguments():
     with pytest.raises(NotImplementedError, match="flash_attn_with_kvcache"):
         flashattn.flash_attn_varlen_func(Q[0], KC[0], KC[0], [0, 1], [0, 8], 1, 8,
                                          block_table=np.zeros((1, 1), np.int32))
@@ -518,3 +509,222 @@ def test_torch_paged_kvcache_matches_numpy(rng, seed):
     mo, ml = flashattn.merge_attn([tout.detach(), tout.detach()], [tlse, tlse])
     np.testing.assert_allclose(mo.numpy(), out, rtol=0, atol=1e-6)
     np.testing.assert_allclose(ml.numpy(), lse + np.log(2), rtol=0, atol=1e-5)
+
+
+# ---- fused rotary embedding and left-padded caches (flash_attn's semantics) ----
+
+def rotate(x, cos, sin, pos, interleaved):
+    """x (..., d) float64 with its first rotary_dim columns rotated at positions pos (an array
+    broadcasting against x's leading dimensions), written out here in numpy: pairs (2c, 2c+1)
+    interleaved (GPT-J), else (c, c + rotary_dim / 2) (GPT-NeoX)."""
+    x = np.array(x, dtype=np.float64)
+    half = cos.shape[1]
+    c = np.asarray(cos, np.float64)[pos][..., None, :]  # (..., 1 head, half)
+    s_ = np.asarray(sin, np.float64)[pos][..., None, :]
+    i1 = np.arange(half) * 2 if interleaved else np.arange(half)
+    i2 = i1 + 1 if interleaved else i1 + half
+    x1, x2 = x[..., i1].copy(), x[..., i2].copy()
+    x[..., i1] = x1 * c - x2 * s_
+    x[..., i2] = x1 * s_ + x2 * c
+    return x
+
+
+@dataclasses.dataclass
+class Rot:
+    case: KV
+    rot_dim: int = 32
+    interleaved: bool = True
+    tables_f32: bool = False
+    lpad: tuple = None           # cache_leftpad (contiguous caches only)
+
+    def __str__(self):
+        return (f"{self.case} rot{self.rot_dim}{'-pairs' if self.interleaved else '-halves'}"
+                f"{'-f32tables' if self.tables_f32 else ''}"
+                + (f" leftpad{list(self.lpad)}" if self.lpad else ""))
+
+
+ROT_CASES = [
+    Rot(KV(lens=(37, 0, 100), sq=1, new=1, hq=4, hk=2, d=72), 32, False),
+    Rot(KV(lens=(20, 3, 64), sq=5, new=5, hq=6, hk=3, d=72, causal=True), 32, True),
+    Rot(KV(lens=(10, 50, 7), sq=5, new=5, hq=4, hk=4, d=72, page=16), 32, True, True),
+    Rot(KV(lens=(30, 9, 12), sq=5, new=5, hq=4, hk=2, d=72, page=16, causal=True), 72, False),
+    Rot(KV(lens=(44, 5, 17), sq=3, new=3, hq=4, hk=2, d=64, window=(8, -1)), 16, False),
+    Rot(KV(lens=(30, 8, 70), sq=5, new=5, hq=4, hk=2, d=72, causal=True), 32, False,
+        lpad=(7, 0, 69)),
+    Rot(KV(lens=(40, 10, 100), sq=1, new=1, hq=4, hk=2, d=72), 32, True, lpad=(5, 10, 37)),
+    Rot(KV(lens=(50, 20, 6), sq=2, new=0, hq=4, hk=2, d=40, window=(8, -1)), 0,
+        lpad=(12, 20, 0)),
+]
+
+
+def rot_inputs(rc, rng, poison=(np.nan, np.nan)):
+    case = rc.case
+    cache, q, k_new, v_new, _ = inputs(case, rng)
+    # rows before the left padding hold NaN: the CPU must neither attend to nor read them
+    # (the GPU gets loud finite values: a masked key sharing a tile with visible ones may
+    # carry NaN into a row there, fa_fwd's note on issue 42)
+    for b, lp in enumerate(rc.lpad or ()):
+        for t in range(lp):
+            cache.k[cache.where(b, t)] = poison[0]
+            cache.v[cache.where(b, t)] = poison[1]
+    cos = sin = None
+    if rc.rot_dim:
+        cap = cache.k.shape[1] * (cache.max_pages if case.page else 1)
+        tdt = np.float32 if rc.tables_f32 else case.dtype
+        ang = rng.uniform(0, 2 * np.pi, (cap + case.sq, rc.rot_dim // 2))
+        cos, sin = np.cos(ang).astype(tdt), np.sin(ang).astype(tdt)
+    return cache, q, k_new, v_new, cos, sin
+
+
+def rot_reference(rc, cache, q, k_new, v_new, cos, sin, prec):
+    """kv_reference on the rotated q and new keys (rounded to prec for the baseline), keys
+    from each sequence's left padding on."""
+    case = rc.case
+    lens = np.array(case.lens)
+    qr, kr = np.asarray(q, np.float64), None if k_new is None else np.asarray(k_new, np.float64)
+    if rc.rot_dim:
+        per_token = case.causal or case.window != (-1, -1)
+        qpos = lens[:, None] + (np.arange(case.sq)[None, :] if per_token else 0)
+        qr = rotate(q, cos, sin, np.broadcast_to(qpos, (case.batch, case.sq)), rc.interleaved)
+        kr = rotate(k_new, cos, sin, lens[:, None] + np.arange(case.new)[None, :],
+                    rc.interleaved)
+    if prec is not None:
+        qr = qr.astype(prec)
+        kr = None if kr is None else kr.astype(prec)
+    b, sq = case.batch, case.sq
+    keys, vals = [], []
+    for i, n in enumerate(case.lens):
+        lp = rc.lpad[i] if rc.lpad else 0
+        ks = [np.asarray(cache.rows(cache.k, i, n), np.float64)[lp:]]
+        vs = [np.asarray(cache.rows(cache.v, i, n), np.float64)[lp:]]
+        if kr is not None:
+            ks.append(np.asarray(kr[i], np.float64))
+            vs.append(np.asarray(v_new[i], np.float64))
+        keys.append(np.concatenate(ks))
+        vals.append(np.concatenate(vs))
+    cu_k = np.concatenate([[0], np.cumsum([len(x) for x in keys])]).astype(np.int64)
+    res = R.attention(np.asarray(qr, np.float64).reshape(b * sq, case.hq, case.d),
+                      np.concatenate(keys), np.concatenate(vals),
+                      scale=f32(1.0 / np.sqrt(case.d)), causal=case.causal, window=case.window,
+                      cu_q=np.arange(b + 1) * sq, cu_k=cu_k, prec=prec)
+    return {"out": res["out"].reshape(q.shape),
+            "lse": res["lse"].reshape(case.hq, b, sq).transpose(1, 0, 2)}, kr
+
+
+def rot_check(rc, dtype, rng, seed, dev=None):
+    """One ROT_CASES case against the float64 reference. dev: None runs on numpy arrays; else
+    (to, back) converting numpy arrays to device tensors and back (test_cuda.py)."""
+    rc = dataclasses.replace(rc, case=dataclasses.replace(rc.case, dtype=dtype))
+    case = rc.case
+    cache, q, k_new, v_new, cos, sin = rot_inputs(rc, rng, (4.0, 100.0) if dev else
+                                                  (np.nan, np.nan))
+    q_before, kn_before = q.copy(), None if k_new is None else k_new.copy()
+    ref, k_rot = rot_reference(rc, cache, q, k_new, v_new, cos, sin, None)
+    base, _ = rot_reference(rc, cache, q, k_new, v_new, cos, sin, case.dtype)
+    expect_k, expect_v = cache.appended(k_new, v_new)
+    to, back = dev if dev else ((lambda x: x), (lambda x: x))
+    opt = lambda x: None if x is None else to(x)  # noqa: E731
+    kc, vc = to(cache.k), to(cache.v)
+    out, lse = flashattn.flash_attn_with_kvcache(
+        to(q), kc, vc, opt(k_new), opt(v_new), rotary_cos=opt(cos), rotary_sin=opt(sin),
+        cache_seqlens=to(np.array(case.lens, np.int32)), block_table=opt(cache.table),
+        cache_leftpad=None if rc.lpad is None else to(np.array(rc.lpad, np.int32)),
+        causal=case.causal, window_size=case.window, rotary_interleaved=rc.interleaved,
+        return_softmax_lse=True)
+    out, lse, cache.k, cache.v = back(out), back(lse), back(kc), back(vc)
+    tag = f"{rc} {np.dtype(dtype).name} seed {seed}"
+    R.check_rule(f"out [{tag}]", np.asarray(out, np.float64), base["out"], ref["out"], dtype,
+                 seed=seed)
+    R.check_rule(f"lse [{tag}]", lse, base["lse"], ref["lse"], dtype, seed=seed)
+    empty = np.isneginf(ref["lse"])
+    assert np.all(np.asarray(out, np.float64).transpose(0, 2, 1, 3)[empty] == 0), tag
+    assert np.all(np.isfinite(np.asarray(out, np.float64))), tag
+    # q and k are inputs: not written
+    assert np.array_equal(bits(q), bits(q_before)), tag
+    if k_new is not None:
+        assert np.array_equal(bits(k_new), bits(kn_before)), tag
+    # the cache: v appended as is, k rotated (one rounding to the dtype, fp32 arithmetic),
+    # nothing else touched
+    assert np.array_equal(bits(cache.v), bits(expect_v)), f"v cache [{tag}]"
+    if k_new is not None:
+        u = {F32: 2.0**-24, F16: 2.0**-11}.get(np.dtype(dtype), 2.0**-8) + 2.0**-22
+        for b, n in enumerate(case.lens):
+            for t in range(case.new):
+                got = np.asarray(cache.k[cache.where(b, n + t)], np.float64)
+                mag = np.abs(np.asarray(k_new[b, t], np.float64)).max(axis=-1, keepdims=True)
+                assert np.all(np.abs(got - k_rot[b, t]) <= u * (np.abs(k_rot[b, t]) + 4 * mag)), \
+                    f"rotated key b{b} t{t} [{tag}]"
+                expect_k[cache.where(b, n + t)] = cache.k[cache.where(b, n + t)]
+    assert np.array_equal(bits(cache.k), bits(expect_k)), f"k cache [{tag}]"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("rc", ROT_CASES, ids=[str(c) for c in ROT_CASES])
+def test_rotary_and_leftpad_against_reference(rc, dtype, rng, seed):
+    rot_check(rc, dtype, rng, seed)
+
+
+def test_rotary_non_causal_uses_one_position():
+    """flash_attn's rule: without causal or a window every query rotates at cache_seqlens; a
+    query identical across tokens then gives identical rows (per-token positions would not)."""
+    rng = np.random.default_rng(5)
+    q = np.repeat(rng.standard_normal((1, 1, 2, 16)).astype(np.float32), 4, axis=1)
+    kc = np.zeros((1, 16, 2, 16), np.float32)
+    kc[:, :6] = rng.standard_normal((1, 6, 2, 16))
+    kn = rng.standard_normal((1, 4, 2, 16)).astype(np.float32)
+    ang = rng.uniform(0, 2 * np.pi, (16, 8))
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    f = flashattn.flash_attn_with_kvcache
+    out = f(q, kc.copy(), kc.copy(), kn, kn, rotary_cos=cos, rotary_sin=sin, cache_seqlens=6)
+    assert np.array_equal(out[0, 0], out[0, 3])
+    out = f(q, kc.copy(), kc.copy(), kn, kn, rotary_cos=cos, rotary_sin=sin, cache_seqlens=6,
+            causal=True)
+    assert not np.allclose(out[0, 2], out[0, 3])
+
+
+def test_rotary_and_leftpad_errors():
+    f = flashattn.flash_attn_with_kvcache
+    cos = np.ones((8, 4), np.float32)
+    kc, vc = KC.copy(), KC.copy()
+    with pytest.raises(ValueError, match="rotary_cos is given but rotary_sin is not"):
+        f(Q, kc, vc, KN, KN, cache_seqlens=1, rotary_cos=cos)
+    with pytest.raises(ValueError, match=r"rotary_sin has shape \(8,\)"):
+        f(Q, kc, vc, KN, KN, cache_seqlens=1, rotary_cos=cos, rotary_sin=np.ones(8, np.float32))
+    with pytest.raises(ValueError, match=r"cache_leftpad has shape \(3,\)"):
+        f(Q, kc, vc, KN, KN, cache_seqlens=1, cache_leftpad=np.zeros(3, np.int32))
+    with pytest.raises(ValueError, match="cache_batch_idx with cache_leftpad"):
+        f(Q, kc, vc, cache_seqlens=1, cache_batch_idx=[0, 1], cache_leftpad=[0, 0])
+    lib_error("FA_ERR_NULL_POINTER", "k_new/v_new are NULL", f, Q, kc, vc, cache_seqlens=1,
+              rotary_cos=cos, rotary_sin=cos)
+    lib_error("FA_ERR_SHAPE", "rotary_dim = 18, more than head_dim = 16", f, Q, kc, vc, KN, KN,
+              cache_seqlens=1, rotary_cos=np.ones((8, 9), np.float32),
+              rotary_sin=np.ones((8, 9), np.float32))
+    lib_error("FA_ERR_SHAPE", "rotary_cos has 7 rows", f, Q, kc, vc, KN, KN, cache_seqlens=1,
+              rotary_cos=cos[:7], rotary_sin=cos[:7])
+    lib_error("FA_ERR_DTYPE", "rotary_cos is f16", f, Q, kc, vc, KN, KN, cache_seqlens=1,
+              rotary_cos=cos.astype(np.float16), rotary_sin=cos.astype(np.float16))
+    lib_error("FA_ERR_INVALID_ARGUMENT", "cache_leftpad[1] = 3, must be in [0, cache->seqlens[1]",
+              f, Q, kc, vc, KN, KN, cache_seqlens=[2, 2], cache_leftpad=[0, 3])
+    pool = np.zeros((6, 4, 2, 16), np.float32)
+    lib_error("FA_ERR_UNSUPPORTED", "cache_leftpad with a paged cache", f, Q, pool, pool.copy(),
+              KN, KN, cache_seqlens=1, block_table=np.array([[0, 1], [2, 3]], np.int32),
+              cache_leftpad=[0, 0])
+    assert not kc.any() and not vc.any() and not pool.any()
+
+
+def test_rotary_torch_cpu_matches_numpy(rng, seed):
+    torch = pytest.importorskip("torch")
+    rc = ROT_CASES[1]
+    case = rc.case
+    cache, q, k_new, v_new, cos, sin = rot_inputs(rc, rng)
+    kc_np, vc_np = cache.k.copy(), cache.v.copy()
+    kw = dict(cache_seqlens=np.array(case.lens, np.int32), causal=True, rotary_interleaved=True)
+    out_np = flashattn.flash_attn_with_kvcache(q, kc_np, vc_np, k_new, v_new, rotary_cos=cos,
+                                               rotary_sin=sin, **kw)
+    t = torch.from_numpy
+    kc_t, vc_t = t(cache.k.copy()), t(cache.v.copy())
+    kw["cache_seqlens"] = t(kw["cache_seqlens"])
+    out_t = flashattn.flash_attn_with_kvcache(t(q), kc_t, vc_t, t(k_new), t(v_new),
+                                              rotary_cos=t(cos), rotary_sin=t(sin), **kw)
+    assert np.array_equal(bits(out_t.numpy()), bits(out_np))
+    assert np.array_equal(bits(kc_t.numpy()), bits(kc_np))
