@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
     constexpr bool NARROW_S = D <= 128; /* a half tile's S and exponentials at half width */
     const uint32_t o_stage = base + C::OFF_O + (4 * c + warp) * 2 * C::O_STAGE;
     /* accumulators in the m16n8 C layout of each warp's 16 rows, as in fwd_sm90.cuh */
-    float o[D / 2], sc[BN / 2], m[2], mlo[2], l[2]; /* mlo: split_max (ptx.cuh) */
+    float o[D / 2], sc[BN / 2], m[2], l[2];
     uint32_t pa[BN / 16][4];
     const float mul = a.m.scale_log2;
 
@@ -163,7 +163,6 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
         tile_of<C>(a, t, w); /* true: the producer passed it */
         const int nt = w.ntiles, r_lo = w.row0 + 64 * c + 16 * warp + g;
         m[0] = m[1] = -INFINITY;
-        mlo[0] = mlo[1] = 0.f;
         l[0] = l[1] = 0.f;
         if (nt == 0) { /* every key masked: O = 0, LSE = -inf */
             mbar_arrive(q_empty);
@@ -219,13 +218,13 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
 
             /* keys outside a row's range (past the sequence included): -inf */
             if (!fa_range_holds(w.every, kcol0, kcol0 + BN)) mask_rows(sc, a, w, kcol0, r_lo, t4);
-            float mx[2], mxlo[2];
+            float mx[2];
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
                 float x = -INFINITY;
 #pragma unroll
                 for (int j = 0; j < NS; j++) x = fmaxf(x, fmaxf(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]));
-                split_max(quad_max(x), mul, mx[hr], mxlo[hr]);
+                mx[hr] = __fmul_ru(quad_max(x), mul); /* rounded up: RowExp (ptx.cuh) */
             }
             /* the max before the turn, the exponentials (from mul_t, loaded in it) in it */
             const float mul_t = bar_sync_after(my_bar, 256, mx[0] + mx[1], base + C::OFF_MUL);
@@ -234,30 +233,28 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
             /* the exponentials of the first NE n8 tiles (a half tile's P V reads no more) */
             auto exps = [&](auto ne) {
                 constexpr int NE = decltype(ne)::value;
-                float hi[2], lo[2];
+                float m_use[2];
 #pragma unroll
                 for (int hr = 0; hr < 2; hr++) {
                     /* lazy: the reference max moves only when the tile's exceeds it by more
                        than LAZY, so most tiles leave O as it is (fwd_sm90.cuh) */
-                    const bool moves = mx[hr] > m[hr] + a.lazy;
-                    const float m_new = moves ? mx[hr] : m[hr];
-                    const float lo_new = moves ? mxlo[hr] : mlo[hr];
-                    hi[hr] = m_new == -INFINITY ? 0.f : m_new;
-                    lo[hr] = m_new == -INFINITY ? 0.f : lo_new;
-                    alpha[hr] = fast_exp2((m[hr] - hi[hr]) + (mlo[hr] - lo[hr]));
+                    const float m_new = mx[hr] > m[hr] + a.lazy ? mx[hr] : m[hr];
+                    m_use[hr] = m_new == -INFINITY ? 0.f : m_new;
+                    alpha[hr] = fast_exp2(m[hr] - m_use[hr]);
                     m[hr] = m_new;
-                    mlo[hr] = lo_new;
                 }
                 float sum[2] = {0.f, 0.f};
+                with_row_exp(m_use, [&](auto ex) {
 #pragma unroll
-                for (int j = 0; j < NE; j++)
+                    for (int j = 0; j < NE; j++)
 #pragma unroll
-                    for (int hr = 0; hr < 2; hr++) {
-                        const float p0 = exp2_split(sc[4 * j + 2 * hr], mul_t, hi[hr], lo[hr]);
-                        const float p1 = exp2_split(sc[4 * j + 2 * hr + 1], mul_t, hi[hr], lo[hr]);
-                        sum[hr] += p0 + p1;
-                        pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(p0, p1);
-                    }
+                        for (int hr = 0; hr < 2; hr++) {
+                            const float p0 = ex(hr, sc[4 * j + 2 * hr], mul_t, m_use[hr]);
+                            const float p1 = ex(hr, sc[4 * j + 2 * hr + 1], mul_t, m_use[hr]);
+                            sum[hr] += p0 + p1;
+                            pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(p0, p1);
+                        }
+                });
 #pragma unroll
                 for (int hr = 0; hr < 2; hr++) l[hr] = l[hr] * alpha[hr] + sum[hr];
             };
@@ -337,8 +334,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
                 if (row < w.sq)
                     a.lse[(int64_t)w.bo * a.lse_sb + (int64_t)w.h * a.lse_sh +
                           (int64_t)(w.q0 + row) * a.lse_st] =
-                        lt[hr] > 0.f ? (m[hr] + mlo[hr]) * 0.6931471805599453f + logf(lt[hr])
-                                     : -INFINITY;
+                        lt[hr] > 0.f ? m[hr] * 0.6931471805599453f + logf(lt[hr]) : -INFINITY;
             }
         }
     }

@@ -150,20 +150,6 @@ template <class F> __device__ __forceinline__ void with_row_exp(const float (&m)
     else f(RowExpSel{{x0, x1}});
 }
 
-/* The series kernel's form, branch-free: the max product split as hi = rounded up and lo =
-   the exact remainder (<= 0; the error of a rounded product is representable), so that
-   exp2(fma(s, mul, -hi) - lo) is 1 for the max key at every magnitude and at most 1 for the
-   others (both roundings are monotonic), for one add per element. with_row_exp's branch cost
-   that kernel, whose exponentials sit between two barriers, 5-11% (perf fwd_sm90, current
-   state). */
-__device__ __forceinline__ void split_max(float x, float mul, float &hi, float &lo) {
-    hi = __fmul_ru(x, mul);
-    lo = fmaf(x, mul, -hi); /* NaN for x = -inf: the caller keeps it out (no key yet) */
-}
-__device__ __forceinline__ float exp2_split(float s, float mul, float hi, float lo) {
-    return fast_exp2(fmaf(s, mul, -hi) - lo);
-}
-
 /* A backward probability, exp2(x * mul - l2) with l2 the row's LSE in log2 units: clamped to
    at most 1, because l2, rounded in the forward and again here, can fall below a score's
    product by a few ulps, which for scores near 1e10 is hundreds (exp2 = inf, then NaN
