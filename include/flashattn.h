@@ -408,7 +408,7 @@ FA_API fa_status fa_context_set_algo(fa_context *ctx, fa_algo algo);
 FA_API fa_status fa_context_set_strict(fa_context *ctx, int strict);
 /*
  * Checks of the index arrays that live in device memory: varlen cu_seqlens_q/k, and a KV
- * cache's seqlens and block_table. On the CPU they are always checked before anything is
+ * cache's seqlens, block_table and cache_leftpad (fa_params). On the CPU they are always checked before anything is
  * written. On the GPU the host cannot read them without waiting for the device, so:
  *   FA_DEVICE_CHECKS_ASYNC (0, the default): no host synchronisation. The kernels check the
  *     elements they use, never read or write outside the tensors on a bad one, and record
