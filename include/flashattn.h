@@ -408,7 +408,7 @@ FA_API fa_status fa_context_set_algo(fa_context *ctx, fa_algo algo);
 FA_API fa_status fa_context_set_strict(fa_context *ctx, int strict);
 /*
  * Checks of the index arrays that live in device memory: varlen cu_seqlens_q/k, and a KV
- * cache's seqlens and block_table. On the CPU they are always checked before anything is
+ * cache's seqlens, block_table and cache_leftpad (fa_params). On the CPU they are always checked before anything is
  * written. On the GPU the host cannot read them without waiting for the device, so:
  *   FA_DEVICE_CHECKS_ASYNC (0, the default): no host synchronisation. The kernels check the
  *     elements they use, never read or write outside the tensors on a bad one, and record
@@ -649,6 +649,8 @@ typedef struct fa_kvcache {
  *   p      options as for fa_fwd; masks align bottom-right against the total length of each
  *          sequence (query row i of sq sits on key column i + total_b - sq). Varlen fields
  *          (cu_seqlens_q/k, batch, max_seqlen_q/k) must be 0/NULL: FA_ERR_VARLEN otherwise.
+          The version-3 fields apply here: rotary_cos/rotary_sin (the rotary embedding of q
+          and k_new, fused into the append) and cache_leftpad (see fa_params).
  *   num_splits  0: the library picks how many chunks of the key range run in parallel and
  *          merges them (recorded in fa_last_selection()->num_splits); n >= 1 forces n
  *          (chunks past the keys are empty and cost little); n < 0 is FA_ERR_INVALID_ARGUMENT.

@@ -54,7 +54,8 @@ def set_options(threads=None, strict=None, algo=None, device_checks=None):
     strict         True: a fallback away from the preferred kernel raises FA_ERR_UNSUPPORTED
     algo           "auto" (the tiled kernels), "naive" (float64 reference, also accepts float64
                    arrays) or "plain" (textbook attention in the input precision)
-    device_checks  index arrays in GPU memory (cu_seqlens, cache_seqlens, block_table):
+    device_checks  index arrays in GPU memory (cu_seqlens, cache_seqlens, block_table,
+                   cache_leftpad):
                    False (the library's default) has the kernels check them as they read
                    them, with no host synchronisation (CUDA-graph friendly): a bad element
                    is clamped (nothing outside the tensors is touched) and reported by the

@@ -339,3 +339,38 @@ def test_kvcache_rotary_and_leftpad(i, dtype, seed):
     T.rot_check(T.ROT_CASES[i], np_dt, np.random.default_rng(seed), seed, dev=(to, back))
     torch.cuda.synchronize()
     flashattn.check()
+
+
+def test_kvcache_leftpad_device_checks():
+    """A cache_leftpad past its sequence's length on the device: FA_ERR_VARLEN naming
+    cache_leftpad with nothing written (device checks on); without them the call runs with the
+    pad clamped and the next check() reports it."""
+    need_backend()
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    dt, hq, hk, d = torch.float16, 4, 2, 64
+    kc = torch.randn(2, 32, hk, d, device="cuda", generator=gen).to(dt)
+    vc = torch.randn(2, 32, hk, d, device="cuda", generator=gen).to(dt)
+    q = torch.randn(2, 1, hq, d, device="cuda", generator=gen).to(dt)
+    kn = torch.randn(2, 1, hk, d, device="cuda", generator=gen).to(dt)
+    seqlens = torch.tensor([10, 5], dtype=torch.int32, device="cuda")
+    pad = torch.tensor([3, 6], dtype=torch.int32, device="cuda")  # 6 > 5
+    before = bits16(kc).clone()
+    flashattn.set_options(device_checks=True)
+    try:
+        with pytest.raises(flashattn.FlashAttnError) as e:
+            flashattn.flash_attn_with_kvcache(q, kc, vc, kn, kn, cache_seqlens=seqlens,
+                                              cache_leftpad=pad)
+        assert e.value.status_name == "FA_ERR_VARLEN", str(e.value)
+        assert "cache_leftpad[1] = 6" in e.value.message, str(e.value)
+        assert torch.equal(bits16(kc), before)
+    finally:
+        flashattn.set_options(device_checks="default")
+    flashattn.set_options(device_checks=False)
+    try:
+        flashattn.flash_attn_with_kvcache(q, kc, vc, kn, kn, cache_seqlens=seqlens,
+                                          cache_leftpad=pad)
+        torch.cuda.synchronize()
+        with pytest.raises(flashattn.FlashAttnError, match=r"cache_leftpad\[1\] = 6"):
+            flashattn.check()
+    finally:
+        flashattn.set_options(device_checks="default")
