@@ -425,7 +425,7 @@ __global__ void __launch_bounds__(C::THREADS) decode_sm80_kernel(const __grid_co
             float mx = -INFINITY;
 #pragma unroll
             for (int j = 0; j < NT; j++) mx = fmaxf(mx, fmaxf(s[j][2 * hr], s[j][2 * hr + 1]));
-            mx = __fmul_ru(quad_max(mx), mul); /* rounded up: RowExp (ptx.cuh) */
+            mx = __fmul_ru(quad_max(mx), mul); /* rounded up: with_row_exp (ptx.cuh) */
             const float m_new = fmaxf(m[hr], mx);
             m_use[hr] = m_new == -INFINITY ? 0.f : m_new;
             alpha[hr] = fast_exp2(m[hr] - m_use[hr]);

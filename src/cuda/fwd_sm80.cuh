@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(C::THREADS)
 #pragma unroll
                     for (int j = 0; j < NT; j++)
                         mx = fmaxf(mx, fmaxf(s[i][j][hr * 2], s[i][j][hr * 2 + 1]));
-                    mx = __fmul_ru(quad_max(mx), mul); /* rounded up: RowExp (ptx.cuh) */
+                    mx = __fmul_ru(quad_max(mx), mul); /* rounded up: with_row_exp (ptx.cuh) */
                     const float m_new = fmaxf(row_max[i][hr], mx);
                     /* a row that has seen no key yet keeps m = -inf; exp2(x - 0) of its -inf
                        scores is 0, so nothing NaN enters the sums */

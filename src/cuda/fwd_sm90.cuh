@@ -475,7 +475,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
             float mx = -INFINITY;
 #pragma unroll
             for (int j = 0; j < NS; j++) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]));
-            mx = __fmul_ru(quad_max(mx), mul); /* rounded up: RowExp (ptx.cuh) */
+            mx = __fmul_ru(quad_max(mx), mul); /* rounded up: with_row_exp (ptx.cuh) */
             /* lazy: the reference max moves only when the tile's exceeds it by more than
                LAZY (log2 units), so most tiles leave O as it is (alpha 1); probabilities
                then reach 2^LAZY, which 16 bits and the fp32 sums hold */

@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_serial_kernel(const __
                 float x = -INFINITY;
 #pragma unroll
                 for (int j = 0; j < NS; j++) x = fmaxf(x, fmaxf(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]));
-                mx[hr] = __fmul_ru(quad_max(x), mul); /* rounded up: RowExp (ptx.cuh) */
+                mx[hr] = __fmul_ru(quad_max(x), mul); /* rounded up: with_row_exp (ptx.cuh) */
             }
             /* the max before the turn, the exponentials (from mul_t, loaded in it) in it */
             const float mul_t = bar_sync_after(my_bar, 256, mx[0] + mx[1], base + C::OFF_MUL);
