@@ -149,22 +149,19 @@ static void wrong_size_refused(void **state) {
     expect_refused(&p, "struct_size beyond its version's", "fa_params_default()");
 }
 
-/* A caller built with the version-1 header: its struct ends where version 2's fields begin.
-   The bytes past it are garbage (an invalid dropout_p among them), so a library that read past
-   struct_size would refuse the call; it must take the version-2 fields at their defaults. */
-static void version_one_struct_passes(void **state) {
-    (void)state;
-    const size_t v1 = offsetof(fa_params, dropout_seed);
+/* A struct of an older version: the first `size` bytes of a default one (causal), the rest
+   0xff garbage that must not be read; every op must take it. */
+static void older_struct_passes(size_t size, uint32_t version) {
     union {
         fa_params p;
         unsigned char bytes[sizeof(fa_params)];
     } u;
-    memset(u.bytes, 0xff, sizeof u.bytes); /* dropout_p = NaN, descales non-NULL */
+    memset(u.bytes, 0xff, sizeof u.bytes);
     fa_params d = fa_params_default();
     d.causal = 1;
-    memcpy(u.bytes, &d, v1);
-    u.p.struct_size = (uint32_t)v1;
-    u.p.version = 1;
+    memcpy(u.bytes, &d, size);
+    u.p.struct_size = (uint32_t)size;
+    u.p.version = version;
     for (int op = 0; op < NOPS; op++) {
         fa_context *ctx;
         assert_int_equal(fa_context_create(&ctx, FA_BACKEND_CPU), FA_OK);
@@ -172,11 +169,21 @@ static void version_one_struct_passes(void **state) {
         fill_lse(ctx);
         fa_status st = call(ctx, op, &u.p);
         if (st != FA_OK)
-            fail_msg("%s with a version-1 struct: %s: %s", op_names[op], fa_status_string(st),
-                     fa_last_error(ctx));
+            fail_msg("%s with a version-%u struct: %s: %s", op_names[op], version,
+                     fa_status_string(st), fa_last_error(ctx));
         fa_context_destroy(ctx);
     }
-    fa_params p = d;
+}
+
+/* A caller built with the version-1 header: its struct ends where version 2's fields begin.
+   The bytes past it are garbage (an invalid dropout_p among them), so a library that read past
+   struct_size would refuse the call; it must take the version-2 fields at their defaults. */
+static void version_one_struct_passes(void **state) {
+    (void)state;
+    const size_t v1 = offsetof(fa_params, dropout_seed);
+    older_struct_passes(v1, 1); /* dropout_p = NaN, descales non-NULL past it */
+    fa_params p = fa_params_default();
+    p.causal = 1;
     p.struct_size = (uint32_t)v1 + 8; /* version 1 with a size that is not version 1's */
     p.version = 1;
     expect_refused(&p, "version 1 with version 2's size", "fa_params_default()");
@@ -187,27 +194,7 @@ static void version_one_struct_passes(void **state) {
 static void version_two_struct_passes(void **state) {
     (void)state;
     const size_t v2 = offsetof(fa_params, rotary_cos);
-    union {
-        fa_params p;
-        unsigned char bytes[sizeof(fa_params)];
-    } u;
-    memset(u.bytes, 0xff, sizeof u.bytes);
-    fa_params d = fa_params_default();
-    d.causal = 1;
-    memcpy(u.bytes, &d, v2);
-    u.p.struct_size = (uint32_t)v2;
-    u.p.version = 2;
-    for (int op = 0; op < NOPS; op++) {
-        fa_context *ctx;
-        assert_int_equal(fa_context_create(&ctx, FA_BACKEND_CPU), FA_OK);
-        reset();
-        fill_lse(ctx);
-        fa_status st = call(ctx, op, &u.p);
-        if (st != FA_OK)
-            fail_msg("%s with a version-2 struct: %s: %s", op_names[op], fa_status_string(st),
-                     fa_last_error(ctx));
-        fa_context_destroy(ctx);
-    }
+    older_struct_passes(v2, 2);
 }
 
 /* The version-3 fields belong to fa_fwd_kvcache: fa_fwd and fa_bwd (and their workspace
