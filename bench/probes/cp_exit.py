@@ -5,17 +5,13 @@ Each mode adds one thing to the one before it; every phase prints a line before 
 faulthandler prints the Python stack of a crash, so the last line names the phase:
 
     nccl   init (device_id), all_reduce, destroy_process_group, exit: no flashattn at all
-    fwd    + import flashattn, flash_attn_func forward on this rank's GPU
+    import + import flashattn (loads the extension and the library), nothing called
+    fwd    + flash_attn_func forward on this rank's GPU
     bwd    + its backward (the autograd device thread runs our kernel)
     ring   + context_parallel_attn forward and backward over the group
 
-    for m in nccl fwd bwd ring; do
-      NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \\
-        python3 -X faulthandler -m torch.distributed.run --standalone --nproc-per-node 2 \\
-        bench/probes/cp_exit.py --mode $m; echo "mode $m rc=$?"
-    done
-
-Written without a 2-GPU machine at hand: not run yet.
+bench/probes/cp_exit.sh runs every mode (after building and installing the package) with
+bench/probes/segv_trace.c preloaded, which adds the native frames of a crash.
 """
 import argparse
 import atexit
@@ -26,7 +22,7 @@ for k, v in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
              "NVSHMEM_DISABLE_NVLS": "1"}.items():
     os.environ[k] = v  # the device rules: no multicast, whatever the caller's environment
 
-MODES = ["nccl", "fwd", "bwd", "ring"]
+MODES = ["nccl", "import", "fwd", "bwd", "ring"]
 
 
 def say(rank, what):
@@ -53,16 +49,18 @@ def main():
     say(rank, f"all_reduce gave {x[0].item()}")
     if level >= 1:
         import flashattn
+        say(rank, f"imported flashattn from {flashattn.__file__}")
+    if level >= 2:
         q, k, v = (torch.randn(1, 256, 8, 64, device=dev, dtype=torch.bfloat16,
-                               requires_grad=level >= 2) for _ in range(3))
+                               requires_grad=level >= 3) for _ in range(3))
         o = flashattn.flash_attn_func(q, k, v, causal=True)
         torch.cuda.synchronize()
         say(rank, f"forward ran: {flashattn.last_selection()}")
-        if level >= 2:
+        if level >= 3:
             o.sum().backward()
             torch.cuda.synchronize()
             say(rank, "backward ran")
-        if level >= 3:
+        if level >= 4:
             import flashattn.distributed as fd
             qs, ks, vs = (fd.shard(t.detach(), 2, rank).requires_grad_() for t in (q, k, v))
             out = fd.context_parallel_attn(qs, ks, vs, causal=True)
