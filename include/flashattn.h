@@ -394,7 +394,10 @@ typedef struct fa_context fa_context;
  * FA_ERR_OUT_OF_MEMORY. On error *ctx is set to NULL and fa_last_error(NULL) has the message.
  */
 FA_API fa_status fa_context_create(fa_context **ctx, fa_backend backend);
-/* Frees the context and any workspace it owns. NULL is a no-op. */
+/* Frees the context and any workspace it owns. NULL is a no-op. A CUDA context must not be
+   destroyed from a thread-exit destructor (a pthread key's or a C++ thread_local's): the CUDA
+   runtime's own per-thread state may be gone by then and the runtime crashes; hand it to a
+   live thread instead (the Python extension does). */
 FA_API void fa_context_destroy(fa_context *ctx);
 
 /* Worker threads for the CPU backend; 0 (the default) uses every available core. */

@@ -44,19 +44,45 @@ typedef struct thread_state {
     fa_context *ctx[MAX_SLOTS];
     long generation[MAX_SLOTS];
     fa_context *last; /* context of this thread's last successful call, for last_selection */
+    struct thread_state *next_orphan;
 } thread_state;
 
 static pthread_key_t g_key;
 static _Thread_local thread_state *tl_state;
 
-static void thread_state_free(void *p) {
+/* Contexts of exited threads wait here and are destroyed by the next call of a live thread
+   (or at interpreter exit): a thread-exit destructor must not call the CUDA runtime, whose own
+   per-thread state is torn down before pthread key destructors run (C++ thread_local
+   destructors come first). Destroying them there crashed every NCCL rank at exit, in torch's
+   autograd thread (bench/probes/cp_exit.sh, docs/perf/python_door.md P5). */
+static pthread_mutex_t g_orphans_lock = PTHREAD_MUTEX_INITIALIZER;
+static thread_state *g_orphans;
+
+static void thread_state_orphan(void *p) {
     thread_state *t = p;
-    for (int i = 0; i < MAX_SLOTS; i++) fa_context_destroy(t->ctx[i]);
-    free(t);
+    pthread_mutex_lock(&g_orphans_lock);
+    t->next_orphan = g_orphans;
+    g_orphans = t;
+    pthread_mutex_unlock(&g_orphans_lock);
+}
+
+static void reap_orphans(void) {
+    if (!__atomic_load_n(&g_orphans, __ATOMIC_RELAXED)) return;
+    pthread_mutex_lock(&g_orphans_lock);
+    thread_state *t = g_orphans;
+    g_orphans = NULL;
+    pthread_mutex_unlock(&g_orphans_lock);
+    while (t) {
+        thread_state *next = t->next_orphan;
+        for (int i = 0; i < MAX_SLOTS; i++) fa_context_destroy(t->ctx[i]);
+        free(t);
+        t = next;
+    }
 }
 
 static thread_state *state(void) {
     if (!tl_state) {
+        reap_orphans();
         tl_state = calloc(1, sizeof *tl_state);
         if (!tl_state) return (thread_state *)PyErr_NoMemory();
         pthread_setspecific(g_key, tl_state);
@@ -739,10 +765,11 @@ static struct PyModuleDef ext_module = {PyModuleDef_HEAD_INIT, "flashattn._ext",
                                         -1, ext_methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__ext(void) {
-    if (pthread_key_create(&g_key, thread_state_free) != 0) {
+    if (pthread_key_create(&g_key, thread_state_orphan) != 0) {
         PyErr_SetString(PyExc_RuntimeError, "flashattn._ext: pthread_key_create failed");
         return NULL;
     }
     if (ext_args_init()) return NULL;
+    Py_AtExit(reap_orphans); /* runs before the C runtime's exit handlers tear CUDA down */
     return PyModule_Create(&ext_module);
 }

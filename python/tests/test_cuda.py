@@ -374,3 +374,34 @@ def test_kvcache_leftpad_device_checks():
             flashattn.check()
     finally:
         flashattn.set_options(device_checks="default")
+
+
+# A thread's contexts outlive it: a Python thread that called us exits mid-program, torch's
+# autograd thread (which ran the backward) at process exit. Neither may crash the process
+# (before the extension deferred their destruction to a live thread, both did: the CUDA
+# runtime's per-thread state is gone when a thread-exit destructor runs; docs/perf/python_door.md P5).
+_THREAD_EXIT = r"""
+import sys, threading, torch, flashattn
+def call():
+    q = torch.randn(1, 80, 2, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+    o = flashattn.flash_attn_func(q, q, q, causal=True)
+    o.sum().backward()
+    torch.cuda.synchronize()
+    return float(q.grad.abs().sum())
+for _ in range(int(sys.argv[1])):
+    t = threading.Thread(target=call)
+    t.start()
+    t.join()
+print("main", call())  # the main thread's first call destroys the exited threads' contexts
+"""
+
+
+@pytest.mark.parametrize("threads", [0, 1, 3])
+def test_exited_threads_and_process_exit_do_not_crash(threads):
+    need_backend()
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", _THREAD_EXIT, str(threads)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, f"exit code {r.returncode}\n{r.stderr[-3000:]}"
+    assert r.stdout.startswith("main "), r.stdout
