@@ -33,6 +33,7 @@ typedef struct fz_call {
     int sane[FZ_MAX_T]; /* fields the library may accept: the view lies inside the arena */
     int nt;
     int64_t sq, sk, group, d; /* bounds of the problem, for the oracle */
+    int64_t reference_macs; /* multiply-adds of a naive/plain/f64 call (0: a tiled one) */
     float *slopes;
     int64_t nslopes;
     void *block[FZ_MAX_BLOCKS]; /* heap blocks of exact size: index arrays, slopes */
