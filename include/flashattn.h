@@ -538,7 +538,9 @@ FA_API const fa_selection *fa_last_selection(const fa_context *ctx);
  *        f64 when the inputs are f64 (FA_ALGO_NAIVE)
  * q, k, v, out share one dtype (f32, f16 or bf16; f64 with FA_ALGO_NAIVE) and one device;
  * or q, k, v are FP8 (one of the two formats, CPU only, see fa_dtype) and out f32/f16/bf16.
- * d is 1..256 on the CPU (d = 0 is FA_ERR_SHAPE, d > 256 FA_ERR_HEAD_DIM).
+ * d is 1..256 (d = 0 is FA_ERR_SHAPE, d > 256 FA_ERR_HEAD_DIM). On CUDA a d that is not a
+ * multiple of 8 runs on zero-padded copies in the workspace (the selection's kernel name ends
+ * in "_pad<d>"); fa_fwd_kvcache on CUDA takes multiples of 8 only (FA_ERR_HEAD_DIM).
  * out and lse must not overlap the inputs, nor each other, nor alias themselves (see the top of
  * this file; FA_ERR_INVALID_ARGUMENT).
  * Special values (the data is not checked; this is what the CPU kernels and the reference do):
