@@ -365,6 +365,16 @@ static void record_pad(fa_context *ctx, const fa_problem *p, const fa_problem *k
              (long long)p->d, (long long)k->d, why[0] ? "; " : "", why);
 }
 
+/* The padded buffers are read by the kernels in 16-byte pieces (cp.async, TMA): a workspace
+   the caller handed over must start 16-byte aligned (cudaMalloc's always does). */
+static fa_status pad_ws_aligned(fa_context *ctx, const char *fn, const void *ws) {
+    if ((uintptr_t)ws % 16 == 0) return FA_OK;
+    return fa_fail(ctx, FA_ERR_WORKSPACE,
+                   "%s: the workspace (%p) is not 16-byte aligned; a head dim that is not a "
+                   "multiple of 8 keeps zero-padded copies of the operands there",
+                   fn, ws);
+}
+
 /* Padded calls (pad.h): the inputs are copied into the workspace after the head, the kernels
    run on the copies, and the outputs are copied back. The launcher gets no known-zero range
    then: the copies may have overwritten it. */
@@ -374,6 +384,7 @@ static fa_status cuda_fwd(fa_context *ctx, const fa_problem *pin, void *ws, size
     const int pad = fa_cuda_padded(pin);
     char why[sizeof ctx->sel.reason];
     TRY(launch_init(ctx, "fa_fwd", &l, ws, ws_bytes, ws_head(&p) + fa_cuda_pad_bytes(pin, 0)));
+    if (pad) TRY(pad_ws_aligned(ctx, "fa_fwd", ws));
     TRY(varlen(ctx, "fa_fwd", &p, ws));
     if (pad) {
         fa_status st = fa_cuda_pad_in(&p, 0, (char *)ws + ws_head(pin), &k, ctx->stream, l.msg,
@@ -412,6 +423,7 @@ static fa_status cuda_bwd(fa_context *ctx, const fa_problem *pin, void *ws, size
     const int pad = fa_cuda_padded(pin);
     const size_t head = ws_head(&p) + fa_cuda_pad_bytes(pin, 1);
     TRY(launch_init(ctx, "fa_bwd", &l, ws, ws_bytes, head));
+    if (pad) TRY(pad_ws_aligned(ctx, "fa_bwd", ws));
     TRY(varlen(ctx, "fa_bwd", &p, ws));
     k = kernel_shape(&p);
     size_t need = fa_sm80_bwd_workspace(&k, &l);
