@@ -87,7 +87,8 @@ extern "C" {
 #define FA_VERSION_MINOR 2
 #define FA_VERSION_PATCH 3
 
-/* Largest head dimension any backend accepts (the CUDA backend accepts a fixed subset). */
+/* Largest head dimension any backend accepts (the CUDA backend takes 1..256 too, but its
+   KV-cache path multiples of 8 only). */
 #define FA_MAX_HEAD_DIM 256
 /* Largest fa_params.softmax_scale accepted: 2^126 (scale * log2(e) stays below FLT_MAX). */
 #define FA_MAX_SOFTMAX_SCALE 8.5070592e+37f
