@@ -19,11 +19,13 @@ __global__ void pad_copy_kernel(const fa_cuda_pad_rows r, int to_buf) {
     /* to the buffer every column is written (the zero ones too); back only the real ones */
     const int w = to_buf ? r.dp : r.d;
     const int64_t rows = r.nb * r.nt * r.nh;
+    const int64_t limit = r.tokens ? *r.tokens : r.nt;
     for (int64_t row = (int64_t)blockIdx.x * kRowsPerBlock + threadIdx.y; row < rows;
          row += (int64_t)gridDim.x * kRowsPerBlock) {
         /* row = (b * nt + t) * nh + h: the divisions once per row, not per element */
         const int64_t h = row % r.nh, bt = row / r.nh;
         const int64_t t = bt % r.nt, b = bt / r.nt;
+        if (t >= limit) continue; /* uniform over the warp */
         uint16_t *user = (uint16_t *)r.user + b * r.sb + t * r.st + h * r.sh;
         uint16_t *buf = (uint16_t *)r.buf + row * r.dp;
         for (int x = threadIdx.x; x < w; x += 32) {

@@ -24,6 +24,11 @@ typedef struct fa_cuda_pad_rows {
     void *buf;
     int64_t nb, nt, nh;
     int d, dp;
+    /* Varlen outputs: device pointer to the tokens the sequences cover (cu_seqlens[batch] of
+       the arrays the kernels read); rows at or past it are not copied back, so that arrays
+       the sanitiser emptied (FA_DEVICE_CHECKS_ASYNC) leave the outputs untouched, as the
+       kernels do. NULL: every row. */
+    const int32_t *tokens;
 } fa_cuda_pad_rows;
 
 /* Queues the copy on stream: to_buf 1 fills the whole buffer (columns d..dp-1 zero), 0 writes
@@ -47,7 +52,8 @@ size_t fa_cuda_pad_bytes(const fa_problem *p, int bwd);
 fa_status fa_cuda_pad_in(const fa_problem *p, int bwd, void *buf, fa_problem *pp, void *stream,
                          char *msg, size_t len);
 
-/* Queues the copies of the outputs back into p's tensors: out (bwd 0) or dq, dk, dv. */
+/* Queues the copies of the outputs back into p's tensors: out (bwd 0) or dq, dk, dv; varlen:
+   only the rows p's cu_seqlens cover (fa_cuda_pad_rows.tokens). */
 fa_status fa_cuda_pad_out(const fa_problem *p, const fa_problem *pp, int bwd, void *stream,
                           char *msg, size_t len);
 

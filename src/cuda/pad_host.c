@@ -51,6 +51,7 @@ static fa_cuda_pad_rows rows(const fa_problem *p, const fa_problem *pp, int i) {
     r.buf = b->data;
     rows_of(p, i, &r.nb, &r.nt, &r.nh);
     r.d = (int)p->d, r.dp = (int)pp->d;
+    r.tokens = NULL;
     return r;
 }
 
@@ -82,7 +83,8 @@ fa_status fa_cuda_pad_out(const fa_problem *p, const fa_problem *pp, int bwd, vo
                           char *msg, size_t len) {
     for (int i = 0; i < n_ops(bwd); i++) {
         if (!is_output(i, bwd)) continue;
-        const fa_cuda_pad_rows r = rows(p, pp, i);
+        fa_cuda_pad_rows r = rows(p, pp, i);
+        if (p->cu_q) r.tokens = (k_klike[i] ? p->cu_k : p->cu_q) + p->batch;
         const fa_status st = fa_cuda_pad_copy(&r, 0, stream, msg, len);
         if (st != FA_OK) return st;
     }
