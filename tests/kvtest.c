@@ -606,8 +606,9 @@ int kv_run_case(const kv_case *c, fa_backend backend, uint64_t seed, int verbose
     int on_dev = backend == FA_BACKEND_CUDA;
     addf(r, "%s [%s] seed %llu\n", line, on_dev ? "cuda" : "cpu", (unsigned long long)seed);
     if (on_dev && (!tk_device_available() || c->d % 8)) {
-        addf(r, "  skipped: %s\n", c->d % 8 ? "the CUDA backend takes head dims that are "
-                                              "multiples of 8"
+        addf(r, "  skipped: %s\n", c->d % 8 ? "the CUDA KV-cache path takes head dims that "
+                                              "are multiples of 8 (test_hdim_cuda checks "
+                                              "that it refuses the others)"
                                             : "no device memory support in this testkit");
         return r->status = TK_SKIP;
     }

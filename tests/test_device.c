@@ -687,7 +687,10 @@ static void cuda_kvcache_async(void **state) {
 
 /* ---- varlen: bf16, 3 sequences, q {5, 17, 9} (31 tokens), k {12, 30, 7} (49) ---- */
 
-enum { VB = 3, VHQ = 4, VHK = 2, VD = 64, VTQ = 31, VTK = 49, VMQ = 17, VMK = 30 };
+enum { VB = 3, VHQ = 4, VHK = 2, VTQ = 31, VTK = 49, VMQ = 17, VMK = 30 };
+/* The head dim of the varlen set: 64, or 59 for cuda_varlen_async_d59 (the padded path of
+   src/cuda/pad.h must keep the same promises). */
+static int g_vd = 64;
 
 typedef struct vset {
     dbuf q, k, v, out, lse, dout, dq, dk, dv, cuq, cuk;
@@ -708,15 +711,15 @@ static void vl_arrays(vset *s) {
 
 static void vl_init(vset *s, tk_rng *r) {
     memset(s, 0, sizeof *s);
-    const size_t qn = (size_t)VTQ * VHQ * VD, kn = (size_t)VTK * VHK * VD;
+    const size_t qn = (size_t)VTQ * VHQ * g_vd, kn = (size_t)VTK * VHK * g_vd;
     dbuf *qlike[] = {&s->q, &s->out, &s->dout, &s->dq}, *klike[] = {&s->k, &s->v, &s->dk, &s->dv};
     fa_tensor *tq[] = {&s->tq, &s->tout, &s->tdout, &s->tdq};
     fa_tensor *tk[] = {&s->tk, &s->tv, &s->tdk, &s->tdv};
     for (int i = 0; i < 4; i++) {
         db_alloc(qlike[i], qn * 2);
         db_alloc(klike[i], kn * 2);
-        *tq[i] = fa_tensor_3d(db_dev(qlike[i]), BF16, FA_DEVICE_CUDA, VTQ, VHQ, VD);
-        *tk[i] = fa_tensor_3d(db_dev(klike[i]), BF16, FA_DEVICE_CUDA, VTK, VHK, VD);
+        *tq[i] = fa_tensor_3d(db_dev(qlike[i]), BF16, FA_DEVICE_CUDA, VTQ, VHQ, g_vd);
+        *tk[i] = fa_tensor_3d(db_dev(klike[i]), BF16, FA_DEVICE_CUDA, VTK, VHK, g_vd);
     }
     db_alloc(&s->lse, (size_t)VHQ * VTQ * 4);
     s->tlse = fa_tensor_2d(db_dev(&s->lse), F32, FA_DEVICE_CUDA, VHQ, VTQ);
@@ -888,6 +891,15 @@ static void cuda_varlen_async(void **state) {
     fa_context_destroy(sync_ctx);
     vl_free(&s);
     CK(cudaStreamDestroy(st));
+}
+
+/* The same at head dim 59: the operands are copied into zero-padded buffers, and a bad
+   array must still leave out, lse, dq, dk and dv untouched (only the rows the sanitised
+   cu_seqlens cover are copied back). */
+static void cuda_varlen_async_d59(void **state) {
+    g_vd = 59;
+    cuda_varlen_async(state);
+    g_vd = 64;
 }
 
 /* ---- (c) FA_DEVICE_CHECKS_SYNC: at once, nothing written ---- */
@@ -1377,6 +1389,7 @@ int main(int argc, char **argv) {
     if (have) {
         const struct CMUnitTest tests[] = {
             cmocka_unit_test(cuda_kvcache_async),     cmocka_unit_test(cuda_varlen_async),
+            cmocka_unit_test(cuda_varlen_async_d59),
             cmocka_unit_test(cuda_sync_checks),       cmocka_unit_test(cuda_capture_allocator),
             cmocka_unit_test(cuda_capture_own_buffer), cmocka_unit_test(cuda_capture_own_max),
             cmocka_unit_test(cuda_own_buffer_streams), cmocka_unit_test(cuda_capture_refusals),

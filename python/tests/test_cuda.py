@@ -56,7 +56,20 @@ CASES = [  # b, sq, sk, hq, hkv, d, causal, window
     (1, 64, 300, 4, 4, 256, False, (16, 16)),
     (3, 17, 17, 6, 2, 32, True, (-1, -1)),
     (1, 1, 513, 8, 2, 192, True, (-1, -1)),
+    # head dims that are not multiples of 8: the backend copies the operands into zero-padded
+    # buffers (src/cuda/pad.h) and runs the kernel of the next compiled size
+    (2, 113, 130, 4, 2, 59, True, (-1, -1)),
+    (1, 70, 200, 4, 1, 111, False, (32, 8)),
+    (2, 40, 65, 2, 2, 217, True, (-1, -1)),
 ]
+
+
+def padded_record(d):
+    """The selection record of a padded call names the padding (kernel suffix and reason)."""
+    sel = flashattn.last_selection()
+    assert sel.backend == "cuda"
+    if d % 8:
+        assert sel.kernel.endswith(f"_pad{d}") and "zero-padded" in sel.reason, sel
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
@@ -71,8 +84,9 @@ def test_fwd_bwd_against_sdpa(case, dtype, seed):
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     out, lse, _ = flashattn.flash_attn_func(*leaves, causal=causal, window_size=window,
                                             return_attn_probs=True)
-    assert flashattn.last_selection().backend == "cuda"
+    padded_record(d)
     out.backward(dout)
+    padded_record(d)
     grads = [x.grad for x in leaves]
 
     results = {}
@@ -141,6 +155,36 @@ def test_varlen_against_per_sequence_sdpa():
         ref = attention(q[None, qs], k[None, ks], v[None, ks], True, (-1, -1), torch.float64)[0]
         base = attention(q[None, qs], k[None, ks], v[None, ks], True, (-1, -1), dt)[0]
         rule(f"out seq {bi}", out[qs], base, ref, dt)
+
+
+@pytest.mark.parametrize("d", [1, 59, 217])
+def test_odd_head_dim_packed_and_kvcache(d, seed):
+    """Packed qkv of an odd head dim has rows that are not 16-byte aligned: the padded path
+    reads them as they are, so the forward equals the one of contiguous copies bit for bit and
+    the packed gradient matches theirs under the rule; the KV-cache path refuses such a head
+    dim with FA_ERR_HEAD_DIM (the cache is read in place)."""
+    need_backend()
+    dt = torch.float16
+    gen = torch.Generator(device="cuda").manual_seed(hash(seed) & 0xFFFFFFFF)
+    qkv = torch.randn(2, 77, 3, 4, d, device="cuda", generator=gen).to(dt)
+    packed = qkv.clone().requires_grad_()
+    out = flashattn.flash_attn_qkvpacked_func(packed, causal=True)
+    padded_record(d)
+    q, k, v = (qkv[:, :, i].contiguous() for i in range(3))
+    assert torch.equal(out, flashattn.flash_attn_func(q, k, v, causal=True))
+    dout = torch.randn(out.shape, device="cuda", generator=gen).to(dt)
+    out.backward(dout)
+    padded_record(d)
+    xs = [x.double().requires_grad_() for x in (q, k, v)]
+    attention(*xs, True, (-1, -1), torch.float64).backward(dout.double())
+    ys = [x.clone().requires_grad_() for x in (q, k, v)]
+    attention(*ys, True, (-1, -1), dt).backward(dout)
+    for i, name in enumerate(("dq", "dk", "dv")):
+        rule(name, packed.grad[:, :, i], ys[i].grad, xs[i].grad, dt)
+    cache = torch.zeros(2, 64, 4, d, device="cuda", dtype=dt)
+    with pytest.raises(flashattn.FlashAttnError) as e:
+        flashattn.flash_attn_with_kvcache(q[:, :1], cache, cache.clone(), cache_seqlens=10)
+    assert e.value.status_name == "FA_ERR_HEAD_DIM" and "multiples of 8" in e.value.message
 
 
 def test_without_cuda_backend_the_error_says_so():

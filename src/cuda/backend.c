@@ -20,6 +20,7 @@
 
 #include "kernels.h"
 #include "merge_sm80.h"
+#include "pad.h"
 
 /* Bytes at the start of every CUDA workspace for the synchronous checks' answers
    (FA_CUDA_CHECK_BYTES); a varlen call's workspace then holds the sanitised copies of
@@ -33,7 +34,8 @@ static size_t cu_copy_bytes(const fa_problem *p) {
     return round256((size_t)(p->batch + 1) * sizeof(int32_t));
 }
 
-/* The workspace's head: what comes before the launchers' part (fa_cuda_launch.ws). */
+/* The workspace's head: what comes before the padded operands (pad.h) and then the
+   launchers' part (fa_cuda_launch.ws). */
 static size_t ws_head(const fa_problem *p) {
     return WS_HEAD + (p->cu_q ? 2 * cu_copy_bytes(p) : 0);
 }
@@ -98,11 +100,20 @@ static const dev_info *current_device(char *msg, size_t len) {
 /* ---- checks ---- */
 
 /* Strides of dimensions of size 1 are never used (frameworks set them freely): only the others
-   must keep rows 16-byte aligned. */
+   must keep rows 16-byte aligned. A head dim that is not a multiple of 8 is copied element by
+   element into the workspace (pad.h), so its rows need only the 2-byte alignment of the
+   dtype. */
 static fa_status check_operand(fa_context *ctx, const char *fn, const char *name,
                                const fa_operand *a, int64_t batch, int64_t tokens,
-                               int64_t heads) {
+                               int64_t heads, int64_t d) {
     if (!a->data) return FA_OK;
+    if (d % 8) {
+        if ((uintptr_t)a->data % 2)
+            return fa_fail(ctx, FA_ERR_STRIDE,
+                           "%s: %s (%p) is not 2-byte aligned, as f16/bf16 elements must be",
+                           fn, name, a->data);
+        return FA_OK;
+    }
     if ((uintptr_t)a->data % 16 || (batch > 1 && a->sb % 8) || (tokens > 1 && a->st % 8) ||
         (heads > 1 && a->sh % 8))
         return fa_fail(ctx, FA_ERR_STRIDE,
@@ -158,9 +169,10 @@ static fa_status check_problem_scalars(fa_context *ctx, const char *fn, const fa
     if (p->dtype != FA_DTYPE_F16 && p->dtype != FA_DTYPE_BF16)
         return fa_fail(ctx, FA_ERR_DTYPE, "%s: dtype %s; the CUDA backend takes f16 and bf16", fn,
                        fa_dtype_name(p->dtype));
-    if (p->d % 8 != 0 || fa_cuda_kernel_dim(p->d) == 0)
+    /* d not a multiple of 8 runs on zero-padded copies (pad.h) */
+    if (p->d < 1 || fa_cuda_kernel_dim(p->d) == 0)
         return fa_fail(ctx, FA_ERR_HEAD_DIM,
-                       "%s: head_dim = %lld; the CUDA backend takes multiples of 8 up to 256", fn,
+                       "%s: head_dim = %lld; the CUDA backend takes head dims 1 to 256", fn,
                        (long long)p->d);
     /* kernels index rows, sequences and grid dimensions with 32-bit integers */
     const int64_t big = (int64_t)1 << 30;
@@ -183,7 +195,8 @@ static fa_status check_problem(fa_context *ctx, const char *fn, const fa_problem
     for (int i = 0; i < n; i++) {
         int64_t tokens = p->cu_q ? 2 : klike[i] ? p->seqlen_k : p->seqlen_q;
         int64_t heads = klike[i] ? p->heads_kv : p->heads_q;
-        TRY(check_operand(ctx, fn, names[i], ops[i], p->cu_q ? 1 : p->batch, tokens, heads));
+        TRY(check_operand(ctx, fn, names[i], ops[i], p->cu_q ? 1 : p->batch, tokens, heads,
+                          p->d));
         TRY(check_device_ptr(ctx, fn, names[i], ops[i]->data));
     }
     TRY(check_device_ptr(ctx, fn, "lse", p->lse));
@@ -270,13 +283,24 @@ static void record(fa_context *ctx, const char *op, const fa_cuda_launch *l, siz
 
 /* ---- the table ---- */
 
-/* The varlen check's answer and copies, and on sm_90 the persistent grid's tile counter. */
+/* The problem the kernels see: p itself, or p with d rounded up to 8 (pad.h; only its shapes
+   matter here, the buffers are placed by fa_cuda_pad_in). */
+static fa_problem kernel_shape(const fa_problem *p) {
+    fa_problem k = *p;
+    k.d = (p->d + 7) & ~(int64_t)7;
+    return k;
+}
+
+/* The varlen check's answer and copies, the padded operands, and on sm_90 the persistent
+   grid's tile counter. */
 static size_t fwd_workspace(const fa_context *ctx, const fa_problem *p) {
     char msg[256];
     const dev_info *d = current_device(msg, sizeof msg);
-    if (d && d->cc == 90 && ctx->sm90_fwd && fa_sm90_fwd_covers(p))
-        return ws_head(p) + FA_SM90_FWD_WORKSPACE;
-    return p->cu_q ? ws_head(p) : 0;
+    const fa_problem k = kernel_shape(p);
+    const size_t pad = fa_cuda_pad_bytes(p, 0);
+    if (d && d->cc == 90 && ctx->sm90_fwd && fa_sm90_fwd_covers(&k))
+        return ws_head(p) + pad + FA_SM90_FWD_WORKSPACE;
+    return p->cu_q || pad ? ws_head(p) + pad : 0;
 }
 
 static fa_status cuda_fwd_workspace(fa_context *ctx, const fa_problem *p, size_t *bytes) {
@@ -328,18 +352,58 @@ static void zero_out(fa_context *ctx, const void *ws, const fa_cuda_launch *l) {
     ctx->ws_zero_set = 1;
 }
 
+/* The record of a padded call: the kernel's name (its compiled head dim) with "_pad<d>", and
+   the reason saying what was copied, so that the slower path is never silent. */
+static void record_pad(fa_context *ctx, const fa_problem *p, const fa_problem *k,
+                       const char *why) {
+    char name[sizeof ctx->sel.kernel];
+    snprintf(name, sizeof name, "%.50s_pad%lld", ctx->sel.kernel, (long long)p->d);
+    snprintf(ctx->sel.kernel, sizeof ctx->sel.kernel, "%s", name);
+    snprintf(ctx->sel.reason, sizeof ctx->sel.reason,
+             "head_dim %lld is not a multiple of 8: operands copied into zero-padded buffers "
+             "of %lld columns%s%.100s",
+             (long long)p->d, (long long)k->d, why[0] ? "; " : "", why);
+}
+
+/* The padded buffers are read by the kernels in 16-byte pieces (cp.async, TMA): a workspace
+   the caller handed over must start 16-byte aligned (cudaMalloc's always does). */
+static fa_status pad_ws_aligned(fa_context *ctx, const char *fn, const void *ws) {
+    if ((uintptr_t)ws % 16 == 0) return FA_OK;
+    return fa_fail(ctx, FA_ERR_WORKSPACE,
+                   "%s: the workspace (%p) is not 16-byte aligned; a head dim that is not a "
+                   "multiple of 8 keeps zero-padded copies of the operands there",
+                   fn, ws);
+}
+
+/* Padded calls (pad.h): the inputs are copied into the workspace after the head, the kernels
+   run on the copies, and the outputs are copied back. The launcher gets no known-zero range
+   then: the copies may have overwritten it. */
 static fa_status cuda_fwd(fa_context *ctx, const fa_problem *pin, void *ws, size_t ws_bytes) {
-    fa_problem p = *pin;
+    fa_problem p = *pin, k;
     fa_cuda_launch l;
-    TRY(launch_init(ctx, "fa_fwd", &l, ws, ws_bytes, ws_head(&p)));
-    TRY(varlen(ctx, "fa_fwd", &p, ws));
+    const int pad = fa_cuda_padded(pin);
     char why[sizeof ctx->sel.reason];
-    zero_in(ctx, ws, &l);
-    TRY(run_kernel(ctx, "fa_fwd", l.cc == 90 && ctx->sm90_fwd && fa_sm90_fwd_covers(&p),
-                   fa_sm90_fwd, fa_sm80_fwd, &p, &l, why, sizeof why));
+    TRY(launch_init(ctx, "fa_fwd", &l, ws, ws_bytes, ws_head(&p) + fa_cuda_pad_bytes(pin, 0)));
+    if (pad) TRY(pad_ws_aligned(ctx, "fa_fwd", ws));
+    TRY(varlen(ctx, "fa_fwd", &p, ws));
+    if (pad) {
+        fa_status st = fa_cuda_pad_in(&p, 0, (char *)ws + ws_head(pin), &k, ctx->stream, l.msg,
+                                      sizeof l.msg);
+        if (st != FA_OK) return fa_fail(ctx, st, "fa_fwd: %s", l.msg);
+    } else {
+        k = p;
+        zero_in(ctx, ws, &l);
+    }
+    TRY(run_kernel(ctx, "fa_fwd", l.cc == 90 && ctx->sm90_fwd && fa_sm90_fwd_covers(&k),
+                   fa_sm90_fwd, fa_sm80_fwd, &k, &l, why, sizeof why));
     zero_out(ctx, ws, &l);
+    if (pad) {
+        fa_status st = fa_cuda_pad_out(&p, &k, 0, ctx->stream, l.msg, sizeof l.msg);
+        if (st != FA_OK) return fa_fail(ctx, st, "fa_fwd: %s", l.msg);
+    }
     record(ctx, "fwd", &l, fwd_workspace(ctx, pin));
-    if (why[0]) snprintf(ctx->sel.reason, sizeof ctx->sel.reason, "%s", why);
+    if (pad) record_pad(ctx, pin, &k, why);
+    else if (why[0]) snprintf(ctx->sel.reason, sizeof ctx->sel.reason, "%s", why);
     return FA_OK;
 }
 
@@ -347,24 +411,40 @@ static fa_status cuda_bwd_workspace(fa_context *ctx, const fa_problem *p, size_t
     TRY(check_problem(ctx, "fa_bwd", p, 1));
     fa_cuda_launch l;
     TRY(launch_init(ctx, "fa_bwd", &l, NULL, 0, 0));
-    *bytes = ws_head(p) + fa_sm80_bwd_workspace(p, &l);
+    const fa_problem k = kernel_shape(p);
+    *bytes = ws_head(p) + fa_cuda_pad_bytes(p, 1) + fa_sm80_bwd_workspace(&k, &l);
     return FA_OK;
 }
 
+/* Padded calls as cuda_fwd: q, k, v, out and dout copied in, dq, dk, dv copied back. */
 static fa_status cuda_bwd(fa_context *ctx, const fa_problem *pin, void *ws, size_t ws_bytes) {
-    fa_problem p = *pin;
+    fa_problem p = *pin, k;
     fa_cuda_launch l;
-    TRY(launch_init(ctx, "fa_bwd", &l, ws, ws_bytes, ws_head(&p)));
+    const int pad = fa_cuda_padded(pin);
+    const size_t head = ws_head(&p) + fa_cuda_pad_bytes(pin, 1);
+    TRY(launch_init(ctx, "fa_bwd", &l, ws, ws_bytes, head));
+    if (pad) TRY(pad_ws_aligned(ctx, "fa_bwd", ws));
     TRY(varlen(ctx, "fa_bwd", &p, ws));
-    size_t need = fa_sm80_bwd_workspace(&p, &l);
+    k = kernel_shape(&p);
+    size_t need = fa_sm80_bwd_workspace(&k, &l);
     if (need > l.ws_bytes)
         return fa_fail(ctx, FA_ERR_INTERNAL, "fa_bwd: workspace of %zu bytes, kernels need %zu",
                        l.ws_bytes, need);
+    if (pad) {
+        fa_status st = fa_cuda_pad_in(&p, 1, (char *)ws + ws_head(pin), &k, ctx->stream, l.msg,
+                                      sizeof l.msg);
+        if (st != FA_OK) return fa_fail(ctx, st, "fa_bwd: %s", l.msg);
+    }
     char why[sizeof ctx->sel.reason];
-    TRY(run_kernel(ctx, "fa_bwd", l.cc == 90 && ctx->sm90_bwd && fa_sm90_bwd_covers(&p),
-                   fa_sm90_bwd, fa_sm80_bwd, &p, &l, why, sizeof why));
-    record(ctx, "bwd", &l, ws_head(pin) + need);
-    if (why[0]) snprintf(ctx->sel.reason, sizeof ctx->sel.reason, "%s", why);
+    TRY(run_kernel(ctx, "fa_bwd", l.cc == 90 && ctx->sm90_bwd && fa_sm90_bwd_covers(&k),
+                   fa_sm90_bwd, fa_sm80_bwd, &k, &l, why, sizeof why));
+    if (pad) {
+        fa_status st = fa_cuda_pad_out(&p, &k, 1, ctx->stream, l.msg, sizeof l.msg);
+        if (st != FA_OK) return fa_fail(ctx, st, "fa_bwd: %s", l.msg);
+    }
+    record(ctx, "bwd", &l, head + need);
+    if (pad) record_pad(ctx, pin, &k, why);
+    else if (why[0]) snprintf(ctx->sel.reason, sizeof ctx->sel.reason, "%s", why);
     return FA_OK;
 }
 
@@ -373,14 +453,21 @@ static fa_status cuda_bwd(fa_context *ctx, const fa_problem *pin, void *ws, size
 static fa_status check_kvcache(fa_context *ctx, const fa_problem *p) {
     const char *fn = "fa_fwd_kvcache";
     TRY(check_problem_scalars(ctx, fn, p));
+    /* the cache is the caller's and is read in place, in 16-byte pieces: a copy padded to 8
+       columns would cost a pass over the whole cache per call */
+    if (p->d % 8)
+        return fa_fail(ctx, FA_ERR_HEAD_DIM,
+                       "%s: head_dim = %lld; the CUDA KV-cache path takes multiples of 8 up to "
+                       "256 (fa_fwd and fa_bwd take any head dim up to 256)",
+                       fn, (long long)p->d);
     const int64_t cache_outer = p->block_table ? p->num_pages : p->batch;
     const int64_t cache_rows = p->block_table ? p->page_size : p->seqlen_k;
-    TRY(check_operand(ctx, fn, "q", &p->q, p->batch, p->seqlen_q, p->heads_q));
-    TRY(check_operand(ctx, fn, "out", &p->o, p->batch, p->seqlen_q, p->heads_q));
-    TRY(check_operand(ctx, fn, "cache->k", &p->k, cache_outer, cache_rows, p->heads_kv));
-    TRY(check_operand(ctx, fn, "cache->v", &p->v, cache_outer, cache_rows, p->heads_kv));
-    TRY(check_operand(ctx, fn, "k_new", &p->k_new, p->batch, p->seqlen_new, p->heads_kv));
-    TRY(check_operand(ctx, fn, "v_new", &p->v_new, p->batch, p->seqlen_new, p->heads_kv));
+    TRY(check_operand(ctx, fn, "q", &p->q, p->batch, p->seqlen_q, p->heads_q, p->d));
+    TRY(check_operand(ctx, fn, "out", &p->o, p->batch, p->seqlen_q, p->heads_q, p->d));
+    TRY(check_operand(ctx, fn, "cache->k", &p->k, cache_outer, cache_rows, p->heads_kv, p->d));
+    TRY(check_operand(ctx, fn, "cache->v", &p->v, cache_outer, cache_rows, p->heads_kv, p->d));
+    TRY(check_operand(ctx, fn, "k_new", &p->k_new, p->batch, p->seqlen_new, p->heads_kv, p->d));
+    TRY(check_operand(ctx, fn, "v_new", &p->v_new, p->batch, p->seqlen_new, p->heads_kv, p->d));
     const void *ptrs[] = {p->q.data, p->o.data, p->k.data, p->v.data, p->k_new.data,
                           p->v_new.data, p->lse, p->alibi, p->kv_seqlens, p->block_table,
                           p->rot_cos, p->rot_sin, p->kv_leftpad};

@@ -3,8 +3,9 @@
  * its kernel launchers (*.cu). The host side has validated the problem (fa_problem of
  * internal.h: device pointers, strides in elements, resolved options) and checked what every
  * launcher needs: dtype f16/bf16, head dim a multiple of 8 up to 256, 16-byte aligned rows
- * (base pointers and the three outer strides of every operand multiples of 8 elements). A
- * launcher picks its kernel variant, queues it on l->stream and fills the rest of *l.
+ * (base pointers and the three outer strides of every operand multiples of 8 elements). Other
+ * head dims reach the launchers as zero-padded copies in the workspace (pad.h). A launcher
+ * picks its kernel variant, queues it on l->stream and fills the rest of *l.
  */
 #ifndef FA_CUDA_KERNELS_H
 #define FA_CUDA_KERNELS_H
@@ -51,7 +52,8 @@ static inline int fa_cuda_ws_zero(const fa_cuda_launch *l, const void *p, size_t
 int fa_cuda_smem_limit(const void *kern, int bytes);
 
 /* Head dims the kernels are compiled for; a call with another d (a multiple of 8) runs the
-   next larger one with the extra columns zero-filled on load and not stored. */
+   next larger one with the extra columns zero-filled on load and not stored. A d that is not
+   a multiple of 8 first becomes one (pad.h). */
 int fa_cuda_kernel_dim(int64_t d); /* 0 when d > 256 */
 
 /* The mask part of a kernel name: "_causal", "_causal_local" (a causal window), "_local" (any
