@@ -6,7 +6,9 @@
  *  2. coverage: for every seqlen 0..40 and world 1..5, both layouts, causal or not, every
  *     (query position, key position) pair the global mask shows is computed exactly once over
  *     all sources, and no hidden pair at all (a causal block's local mask k <= q included);
- *  3. shard lengths: the layout's remainder rule, summing to seqlen, differing by <= 1.
+ *  3. shard lengths: the layout's remainder rule, summing to seqlen;
+ *  4. the public doors on a CPU context: NULL and bad-version arguments, and the refusal of a
+ *     context that is not CUDA (FA_ERR_NO_BACKEND in a build without CUDA).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,7 +157,34 @@ static void test_lengths(void) {
     CHECK(fa_cp_shard_len(-1, 2, 0, FA_CP_ZIGZAG) == -1, "negative seqlen");
 }
 
+/* The public doors on the CPU: what they refuse before any NCCL or GPU is involved. */
+static void test_doors(void) {
+    fa_context *ctx = NULL;
+    if (fa_context_create(&ctx, FA_BACKEND_CPU) != FA_OK) {
+        CHECK(0, "cannot create a CPU context");
+        return;
+    }
+    CHECK(fa_cp_fwd(NULL, NULL, NULL) == FA_ERR_NULL_POINTER, "ctx NULL");
+    CHECK(fa_cp_fwd(ctx, NULL, NULL) == FA_ERR_NULL_POINTER, "args NULL");
+    fa_cp_args a = fa_cp_args_default();
+    a.version = 0;
+    CHECK(fa_cp_bwd(ctx, NULL, &a) == FA_ERR_INVALID_ARGUMENT, "version 0");
+    a = fa_cp_args_default();
+    a.struct_size -= 8;
+    CHECK(fa_cp_fwd(ctx, NULL, &a) == FA_ERR_INVALID_ARGUMENT, "short struct");
+    a = fa_cp_args_default();
+    /* CUDA builds: a CPU context is not served; CPU builds: no backend at all */
+    const fa_status want = fa_has_cuda() ? FA_ERR_UNSUPPORTED : FA_ERR_NO_BACKEND;
+    const fa_status got = fa_cp_fwd(ctx, NULL, &a);
+    CHECK(got == want, "a CPU context: %s (%s), expected %s", fa_status_string(got),
+          fa_last_error(ctx), fa_status_string(want));
+    CHECK(strstr(fa_last_error(ctx), "fa_cp_fwd") != NULL, "message names the call: %s",
+          fa_last_error(ctx));
+    fa_context_destroy(ctx);
+}
+
 int main(void) {
+    test_doors();
     test_known();
     test_coverage();
     test_lengths();
