@@ -363,6 +363,66 @@ static int run_case(const cp_case *c, int world, const int *devs, void **comms, 
     return ok;
 }
 
+/* What the calls refuse on a real communicator (world 1 on GPU 0): each status and that the
+   message names the reason. */
+static int refusals(void *comm) {
+    int ok = 1;
+    cudaSetDevice(0);
+    fa_context *ctx = NULL;
+    if (fa_context_create(&ctx, FA_BACKEND_CUDA) != FA_OK) return 0;
+    const int64_t S = 16, H = 2, D = 64;
+    void *buf = dev_alloc((size_t)(S * H * D * 2) * 5 + (size_t)(H * S) * 4, NULL, 1);
+    char *b = buf;
+    const size_t t = (size_t)(S * H * D * 2);
+    fa_tensor q = fa_tensor_bshd(b, FA_DTYPE_BF16, FA_DEVICE_CUDA, 1, S, H, D);
+    fa_tensor k = fa_tensor_bshd(b + t, FA_DTYPE_BF16, FA_DEVICE_CUDA, 1, S, H, D);
+    fa_tensor v = fa_tensor_bshd(b + 2 * t, FA_DTYPE_BF16, FA_DEVICE_CUDA, 1, S, H, D);
+    fa_tensor o = fa_tensor_bshd(b + 3 * t, FA_DTYPE_BF16, FA_DEVICE_CUDA, 1, S, H, D);
+    fa_tensor l = fa_tensor_3d(b + 5 * t, FA_DTYPE_F32, FA_DEVICE_CUDA, 1, H, S);
+    fa_tensor short_q = fa_tensor_bshd(b, FA_DTYPE_BF16, FA_DEVICE_CUDA, 1, S - 1, H, D);
+    struct {
+        const char *what, *word;
+        fa_status want;
+        int64_t seqlen;
+        int window, softcap, shortq;
+    } cases[] = {
+        {"a window", "window", FA_ERR_UNSUPPORTED, S, 1, 0, 0},
+        {"softcap", "softcap", FA_ERR_UNSUPPORTED, S, 0, 1, 0},
+        {"seqlen past the shard", "holds", FA_ERR_SHAPE, S + 1, 0, 0, 0},
+        {"q shorter than k", "q", FA_ERR_SHAPE, S, 0, 0, 1},
+        {"the call itself", "", FA_OK, S, 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        fa_params p = fa_params_default();
+        p.causal = 1;
+        if (cases[i].window) p.window_left = 4;
+        if (cases[i].softcap) p.softcap = 30.0f;
+        fa_cp_args a = fa_cp_args_default();
+        a.q = cases[i].shortq ? &short_q : &q;
+        a.k = &k;
+        a.v = &v;
+        a.seqlen = cases[i].seqlen;
+        a.p = &p;
+        a.out = &o;
+        a.lse = &l;
+        const fa_status st = fa_cp_fwd(ctx, comm, &a);
+        const int good = st == cases[i].want && strstr(fa_last_error(ctx), cases[i].word);
+        printf("  refusal, %s: %s: %s%s\n", cases[i].what, fa_status_string(st),
+               fa_last_error(ctx), good ? "" : "  FAIL");
+        ok &= good;
+        if (st == FA_OK) {
+            const fa_selection *sel = fa_last_selection(ctx);
+            const int named = sel && !strncmp(sel->kernel, "cp_ring1_", 9);
+            printf("  selection: %s%s\n", sel ? sel->kernel : "(none)", named ? "" : "  FAIL");
+            ok &= named;
+        }
+    }
+    ok &= cudaDeviceSynchronize() == cudaSuccess;
+    cudaFree(buf);
+    fa_context_destroy(ctx);
+    return ok;
+}
+
 static int run_world(int world, uint64_t seed) {
     int devs[8];
     void *comms[8] = {0};
@@ -373,6 +433,7 @@ static int run_world(int world, uint64_t seed) {
         return 0;
     }
     int fails = 0;
+    if (world == 1 && !refusals(comms[0])) fails++;
     for (size_t i = 0; i < sizeof k_cases / sizeof *k_cases; i++) {
         const cp_case *c = &k_cases[i];
         printf("world %d: b%d S%lld h%d/%d d%d %s %s %s\n", world, c->b, (long long)c->s, c->hq,
