@@ -770,6 +770,120 @@ FA_API fa_status fa_quantize_fp8(fa_context *ctx, const fa_tensor *x, fa_tensor 
                                  uint64_t sign_seed);
 
 /* ------------------------------------------------------------------------------------------ */
+/* Context parallelism: ring attention over NCCL                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * Exact attention over a sequence cut into shards across the ranks of an NCCL communicator
+ * (context parallelism, "ring attention"); docs/cp.md has the algorithm and its schedule.
+ * Every rank calls fa_cp_fwd (or fa_cp_bwd) at once, with the same arguments but its own shards
+ * and its own communicator handle. On rank r of n:
+ *  - the K/V shards travel round the ring (rank r sends to r + 1 and receives from r - 1, mod
+ *    n) by ncclSend/ncclRecv on a second stream, each hop overlapped with the attention of the
+ *    shard present; partial results are merged by their LSEs in fp32 (forward);
+ *  - the backward runs the same ring, dK/dV partial sums (fp32) travelling behind the K/V
+ *    shards until they are back on their owner after n hops.
+ * Layouts (the shard a rank holds; chunks differ by at most a token): the sequence is cut
+ * into c chunks, S = q * c + m, chunks 0 .. m-1 of q + 1 tokens and the rest of q;
+ *   FA_CP_CONTIGUOUS  c = n, rank r holds chunk r;
+ *   FA_CP_ZIGZAG      c = 2n, rank r holds chunks r and 2n-1-r, in that order (with a causal
+ *                     mask every rank then does the same work).
+ * (The Python package's flashattn.distributed uses the same definitions: its split/shard give
+ * these shards.) The causal mask is over global positions: the token at position p sees keys
+ * at positions <= p.
+ *
+ * NCCL is not linked: the library loads libnccl.so.2 with dlopen at the first call
+ * (FLASHATTN_NCCL_LIBRARY=/path/to/libnccl.so.2 overrides the name; read at that first load).
+ * Without it the calls fail with FA_ERR_NO_BACKEND and say so. nccl_comm is the rank's
+ * ncclComm_t (as void *, so this header needs no nccl.h); its device must be the context's
+ * call device (fa_context_set_device, or the current one), else FA_ERR_DEVICE. The call
+ * queues its work on the context's stream and returns without waiting for the GPU (NCCL's
+ * usual contract: the communication is ordered on the stream); it creates a stream and two
+ * events per call, so it is refused while the stream is captured into a CUDA graph
+ * (FA_ERR_UNSUPPORTED). Several communicators driven by one thread (ncclCommInitAll) need one
+ * thread per device: a call waits for nothing, but NCCL groups one thread's calls only inside
+ * ncclGroupStart/End, and this call holds its own group per hop.
+ *
+ * Arguments (fa_cp_args, from fa_cp_args_default()):
+ *   q         [batch, shard_len, heads_q, d]  this rank's shard of Q (CUDA, f16 or bf16)
+ *   k, v      [batch, shard_len, heads_kv, d] its shards of K and V (heads_q a multiple of
+ *             heads_kv: GQA); shard_len must be the layout's length for this rank
+ *             (FA_ERR_SHAPE otherwise, naming the expected length)
+ *   seqlen    the whole sequence's length, at least the world size (every shard holds a
+ *             token; FA_ERR_SHAPE otherwise)
+ *   layout    FA_CP_CONTIGUOUS or FA_CP_ZIGZAG
+ *   p         options; causal and softmax_scale apply. Refused with FA_ERR_UNSUPPORTED:
+ *             windows (window_left/right other than -1 once causal is folded in), ALiBi,
+ *             softcap, dropout, varlen, FP8 descales, and the version-3 fields (kvcache only).
+ *   out, lse  fa_cp_fwd writes them: out like q, lse fp32 [batch, heads_q, shard_len]
+ *             (required: the backward needs it). fa_cp_bwd reads them (the forward's).
+ *   dout      fa_cp_bwd: the gradient of out, like q.
+ *   dq, dk, dv  fa_cp_bwd writes them, like q, k, v: this rank's rows of the gradients of the
+ *             whole sequence's attention.
+ * Strides as for fa_fwd / fa_bwd (any outer strides, rows 16-byte aligned). Workspace: two
+ * K/V shard buffers and the fp32 accumulators (forward: out and lse of the shard; backward:
+ * dQ and two pairs of dK/dV sums), taken like any call's (fa_context_set_allocator,
+ * fa_context_set_workspace or the context's own buffer).
+ * Accuracy: each per-shard call is fa_fwd/fa_bwd's kernel; merges and sums are fp32, as a
+ * single call's accumulators are; the results meet the library's 2x rule against a float64
+ * reference (tests/test_cp.c).
+ * Returns FA_OK or FA_ERR_NULL_POINTER, FA_ERR_INVALID_ARGUMENT (a bad struct_size/version,
+ * layout, seqlen, or a world the communicator does not have), FA_ERR_SHAPE, FA_ERR_DTYPE,
+ * FA_ERR_STRIDE, FA_ERR_HEAD_DIM, FA_ERR_GQA, FA_ERR_OVERFLOW, FA_ERR_DEVICE,
+ * FA_ERR_UNSUPPORTED, FA_ERR_NO_BACKEND (no CUDA backend, or no NCCL), FA_ERR_OUT_OF_MEMORY,
+ * FA_ERR_WORKSPACE, FA_ERR_CUDA (the CUDA runtime or NCCL failed: the message has its text),
+ * FA_ERR_BUSY. On an error found before the first transfer nothing is written; an NCCL or
+ * CUDA failure during the ring leaves the outputs unspecified and the ring out of step (every
+ * rank must then give up the communicator).
+ */
+typedef enum fa_cp_layout {
+    FA_CP_CONTIGUOUS = 0,
+    FA_CP_ZIGZAG = 1
+} fa_cp_layout;
+
+#define FA_CP_ARGS_VERSION 1
+typedef struct fa_cp_args {
+    /* sizeof(fa_cp_args) and FA_CP_ARGS_VERSION of the caller's header, set by
+       fa_cp_args_default(): checked as fa_params' are (FA_ERR_INVALID_ARGUMENT for a zeroed
+       struct, a newer version, or a size that is not its version's). */
+    uint32_t struct_size;
+    uint32_t version;
+    const fa_tensor *q, *k, *v;
+    int64_t seqlen;
+    int layout;                 /* fa_cp_layout */
+    const fa_params *p;         /* NULL: the defaults */
+    fa_tensor *out, *lse;       /* fa_cp_fwd writes; fa_cp_bwd reads */
+    const fa_tensor *dout;      /* fa_cp_bwd */
+    fa_tensor *dq, *dk, *dv;    /* fa_cp_bwd writes */
+} fa_cp_args;
+
+/* Everything NULL or 0, layout FA_CP_ZIGZAG, and this header's struct_size and version
+   (inline: they are the caller's, not the library's). */
+static inline fa_cp_args fa_cp_args_default(void) {
+    fa_cp_args a;
+    a.struct_size = (uint32_t)sizeof(fa_cp_args);
+    a.version = FA_CP_ARGS_VERSION;
+    a.q = a.k = a.v = NULL;
+    a.seqlen = 0;
+    a.layout = FA_CP_ZIGZAG;
+    a.p = NULL;
+    a.out = a.lse = NULL;
+    a.dout = NULL;
+    a.dq = a.dk = a.dv = NULL;
+    return a;
+}
+
+/* Shard length of `rank` of `world` for a sequence of seqlen tokens under layout (the rule
+   above); -1 when an argument is out of range. Pure arithmetic: no context, no NCCL. */
+FA_API int64_t fa_cp_shard_len(int64_t seqlen, int world, int rank, int layout);
+
+/* The ring attention forward: out and lse of this rank's queries over the whole sequence. */
+FA_API fa_status fa_cp_fwd(fa_context *ctx, void *nccl_comm, const fa_cp_args *a);
+/* The ring attention backward: dq, dk, dv of this rank's shards, from the forward's out and
+   lse and dout. */
+FA_API fa_status fa_cp_bwd(fa_context *ctx, void *nccl_comm, const fa_cp_args *a);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Introspection                                                                              */
 /* ------------------------------------------------------------------------------------------ */
 
