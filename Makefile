@@ -13,7 +13,7 @@ PREFIX     ?=
 VENV       ?= .venv
 PYTHON     ?= python3
 
-.PHONY: all deps build venv demo test check-pip test-asan build-clang fuzz install clean
+.PHONY: all deps build venv demo test check-pip test-asan test-tsan build-clang fuzz install clean
 
 all: build
 
@@ -57,6 +57,22 @@ test-asan: deps
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	scripts/run_tests.sh $(ASAN_BUILD) asan
 
+# The threaded CPU paths under ThreadSanitizer (clang, CPU only; CI runs it): the C tests of
+# TSAN_TESTS, those that run calls on several threads (a team per call, threads sharing or not
+# sharing contexts); under TSan the whole suite takes over half an hour on 2 cores. OpenMP's archer tool (libarcher.so beside clang's libomp)
+# tells TSan about the runtime's barriers and locks, which it cannot see otherwise;
+# scripts/tsan.supp leaves out what the uninstrumented runtime does inside itself.
+TSAN_BUILD ?= build-tsan
+TSAN_TESTS ?= ^(test_threads|test_busy|test_fwd|test_kvcache|test_special|test_dropout|test_api)$$
+ARCHER ?= $(shell d=$$(clang -print-resource-dir 2>/dev/null)/../..; test -f $$d/libarcher.so && realpath $$d/libarcher.so)
+test-tsan: deps
+	CC=clang cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLASHATTN_TSAN=ON \
+	  -DFLASHATTN_WITH_CUDA=OFF $(CMAKE_ARGS)
+	cmake --build $(TSAN_BUILD) -j $(JOBS)
+	@test -n "$(ARCHER)" || { echo "test-tsan: no libarcher.so beside clang's libomp" >&2; exit 1; }
+	OMP_TOOL_LIBRARIES=$(ARCHER) TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/scripts/tsan.supp" \
+	  CTEST_ARGS='-R $(TSAN_TESTS)' scripts/run_tests.sh $(TSAN_BUILD) tsan
+
 # The library, tests and tool compiled by clang with warnings as errors, CPU only (CI runs it;
 # the tests are not run again here).
 build-clang: deps
@@ -72,4 +88,4 @@ install: build
 	cmake --install $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(CLANG_BUILD) $(FUZZ_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(CLANG_BUILD) $(FUZZ_BUILD)
