@@ -74,6 +74,31 @@ __device__ __forceinline__ float drop_factor(const uint32_t (&bits)[2][(NT + 7) 
     return (bits[hr][ni / 8] >> (2 * (ni % 8) + e)) & 1u ? scale : 0.f;
 }
 
+/* Keep bits of a warp's MT x NT fragment tiles: m16 tile mi starts at sequence row
+   row + 16 mi (row: this lane's g row), all at key col0 (a multiple of 8). */
+template <int MT, int NT>
+__device__ __forceinline__ void drop_mask(const DropArgs &a, uint32_t bh, uint32_t row,
+                                          uint32_t col0, int lane,
+                                          uint32_t (&bits)[MT][2][(NT + 7) / 8]) {
+#pragma unroll
+    for (int mi = 0; mi < MT; mi++) drop_bits<NT>(a.d, bh, row + 16u * mi, col0, lane, bits[mi]);
+}
+
+/* x *= the factors of drop_mask's bits, in place. */
+template <int MT, int NT>
+__device__ __forceinline__ void drop_mul(float (&x)[MT][NT][4],
+                                         const uint32_t (&bits)[MT][2][(NT + 7) / 8], float scale) {
+#pragma unroll
+    for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++)
+#pragma unroll
+            for (int ni = 0; ni < NT; ni++)
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+                    x[mi][ni][2 * hr + e] *= drop_factor<NT>(bits[mi], hr, ni, e, scale);
+}
+
 } // namespace fa
 
 #endif
