@@ -368,10 +368,10 @@ __global__ void __launch_bounds__(C::THREADS)
 }
 
 /* Launches one configuration; returns the CUDA error (cudaSuccess when queued). */
-template <typename T, typename C>
-cudaError_t fwd_sm80_launch(const FwdArgs &a, bool drop, int batch, int heads, int max_sq,
+template <typename T, typename C, bool DROP>
+cudaError_t fwd_sm80_launch(const FwdArgs &a, int batch, int heads, int max_sq,
                             cudaStream_t stream) {
-    auto kern = drop ? fwd_sm80_kernel<T, C, true> : fwd_sm80_kernel<T, C, false>;
+    auto kern = fwd_sm80_kernel<T, C, DROP>;
     cudaError_t e = (cudaError_t)fa_cuda_smem_limit((const void *)kern, (int)C::SMEM);
     if (e != cudaSuccess) return e;
     dim3 grid((max_sq + C::BM - 1) / C::BM, heads, batch);
@@ -398,6 +398,15 @@ template <> struct FwdTiles<256> {
     using Small = FwdCfg<256, 64, 32, 4>;
 };
 
+/* The shape of the dropout kernels where Big spills with the Philox work added (ptxas -v):
+   d 96 and 128 (two m16 tiles per warp, a 64-key S) take 32-key tiles, as FlashAttention-2's
+   dropout forward does, and d 32 64-key ones, which frees the S registers the generator
+   needs. Elsewhere Big. */
+template <int D> struct FwdDropTile { using type = typename FwdTiles<D>::Big; };
+template <> struct FwdDropTile<32> { using type = FwdCfg<32, 128, 64, 4>; };
+template <> struct FwdDropTile<96> { using type = FwdCfg<96, 128, 32, 4>; };
+template <> struct FwdDropTile<128> { using type = FwdCfg<128, 128, 32, 4>; };
+
 struct FwdShape {
     int bm, bn, threads;
 };
@@ -411,16 +420,22 @@ cudaError_t fwd_sm80_run(const FwdArgs &a, bool drop, int batch, int heads, int 
 #define FA_FWD_SM80_DEFINE(T, D)                                                              \
     template <>                                                                               \
     cudaError_t fwd_sm80_run<T, D>(const FwdArgs &a, bool drop, int batch, int heads,         \
-                                   int max_sq,                                                \
-                                   size_t smem_optin, cudaStream_t stream, FwdShape *shape) { \
+                                   int max_sq, size_t smem_optin, cudaStream_t stream,        \
+                                   FwdShape *shape) {                                         \
         using Big = FwdTiles<D>::Big;                                                         \
         using Small = FwdTiles<D>::Small;                                                     \
+        using BigDrop = FwdDropTile<D>::type;                                                 \
+        if (Big::SMEM <= smem_optin && drop) {                                                \
+            *shape = FwdShape{BigDrop::BM, BigDrop::BN, BigDrop::THREADS};                    \
+            return fwd_sm80_launch<T, BigDrop, true>(a, batch, heads, max_sq, stream);        \
+        }                                                                                     \
         if (Big::SMEM <= smem_optin) {                                                        \
             *shape = FwdShape{Big::BM, Big::BN, Big::THREADS};                                \
-            return fwd_sm80_launch<T, Big>(a, drop, batch, heads, max_sq, stream);            \
+            return fwd_sm80_launch<T, Big, false>(a, batch, heads, max_sq, stream);           \
         }                                                                                     \
         *shape = FwdShape{Small::BM, Small::BN, Small::THREADS};                              \
-        return fwd_sm80_launch<T, Small>(a, drop, batch, heads, max_sq, stream);              \
+        return drop ? fwd_sm80_launch<T, Small, true>(a, batch, heads, max_sq, stream)        \
+                    : fwd_sm80_launch<T, Small, false>(a, batch, heads, max_sq, stream);      \
     }
 
 } // namespace fa
