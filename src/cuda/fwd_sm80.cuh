@@ -25,6 +25,8 @@
 
 #include <math.h>
 
+#include <type_traits>
+
 #include "dropout_sm80.cuh"
 #include "kernels.h"
 #include "ptx.cuh"
@@ -425,6 +427,8 @@ cudaError_t fwd_sm80_run(const FwdArgs &a, bool drop, int batch, int heads, int 
         using Big = FwdTiles<D>::Big;                                                         \
         using Small = FwdTiles<D>::Small;                                                     \
         using BigDrop = FwdDropTile<D>::type;                                                 \
+        /* where Small is Big, its dropout variant is BigDrop's shape too */                  \
+        using SmallDrop = std::conditional_t<std::is_same_v<Small, Big>, BigDrop, Small>;     \
         if (Big::SMEM <= smem_optin && drop) {                                                \
             *shape = FwdShape{BigDrop::BM, BigDrop::BN, BigDrop::THREADS};                    \
             return fwd_sm80_launch<T, BigDrop, true>(a, batch, heads, max_sq, stream);        \
@@ -433,9 +437,12 @@ cudaError_t fwd_sm80_run(const FwdArgs &a, bool drop, int batch, int heads, int 
             *shape = FwdShape{Big::BM, Big::BN, Big::THREADS};                                \
             return fwd_sm80_launch<T, Big, false>(a, batch, heads, max_sq, stream);           \
         }                                                                                     \
+        if (drop) {                                                                           \
+            *shape = FwdShape{SmallDrop::BM, SmallDrop::BN, SmallDrop::THREADS};              \
+            return fwd_sm80_launch<T, SmallDrop, true>(a, batch, heads, max_sq, stream);      \
+        }                                                                                     \
         *shape = FwdShape{Small::BM, Small::BN, Small::THREADS};                              \
-        return drop ? fwd_sm80_launch<T, Small, true>(a, batch, heads, max_sq, stream)        \
-                    : fwd_sm80_launch<T, Small, false>(a, batch, heads, max_sq, stream);      \
+        return fwd_sm80_launch<T, Small, false>(a, batch, heads, max_sq, stream);             \
     }
 
 } // namespace fa
