@@ -252,9 +252,9 @@ typedef struct fa_params {
        generator keyed by dropout_seed and started at dropout_offset, so the backward given the
        same three values regenerates the forward's mask instead of storing it. 0 (the default)
        disables; must be in [0, 1) (FA_ERR_INVALID_ARGUMENT otherwise). LSE stays that of the
-       softmax without dropout. The mask rule is fa_dropout_mask's (below); the CPU backend
-       implements it, the CUDA backend refuses dropout_p > 0 (FA_ERR_UNSUPPORTED) until its
-       kernels do. */
+       softmax without dropout. The mask rule is fa_dropout_mask's (below), bit for bit on
+       both backends; on the CUDA backend dropout runs the sm80 kernels on every GPU (sm_90
+       included: the record's kernel name ends in "_dropout" and its reason says so). */
     uint64_t dropout_seed;
     uint64_t dropout_offset;
     float dropout_p;

@@ -1,5 +1,5 @@
 /*
- * test_dropout.c — dropout on the CPU backend.
+ * test_dropout.c — dropout on the CPU backend, and with `cuda` on the CUDA backend.
  *
  * The sweep: forward and backward of the tiled kernels against the float64 reference under
  * the 2x rule (testkit: kernel, reference and baseline all drop with one seed and offset, so
@@ -10,6 +10,10 @@
  * kept fraction of a large mask; the mask a kernel applied, read back from its output, equal to
  * fa_dropout_mask's at 1 and 2 threads (CTest runs this file once per instruction-set level
  * too); seeds and offsets; the record's name; fa_dropout_mask's errors.
+ * On the GPU (`test_dropout cuda`: the sweep below on the sm80 dropout kernels, head dims 32
+ * to 256 and the deterministic backward; the extras, which run in the plain invocation and
+ * skip without a GPU: the mask each GPU kernel applied, read back, equal to fa_dropout_mask's,
+ * the record, and seeds and offsets).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -44,6 +48,39 @@ static const tk_case cases[] = {
     {.batch = 2, .sq = 65, .sk = 129, .hq = 4, .hkv = 2, .d = 64, .dtype = FA_DTYPE_BF16,
      .window = 1, .wl = 20, .wr = 5, .softcap = 30.0f, .alibi = TK_ALIBI_HEAD, .strided = 1,
      .bwd = 1, DROP(0.5f, 42)},
+};
+
+/* The GPU's sweep: d a multiple of 8 (the CUDA kernels' rule), odd lengths across tiles, causal
+   both ways round, GQA and MQA, varlen with an empty sequence, windows with softcap and ALiBi,
+   strides, the deterministic dQ kernel; f16 and bf16 (fp32 cases run in bf16 there). */
+static const tk_case cuda_cases[] = {
+    {.batch = 2, .sq = 113, .sk = 113, .hq = 4, .hkv = 4, .d = 64, .dtype = FA_DTYPE_F16,
+     .bwd = 1, DROP(0.1f, 51)},
+    {.batch = 2, .sq = 197, .sk = 261, .hq = 4, .hkv = 4, .d = 128, .dtype = FA_DTYPE_BF16,
+     .bwd = 1, DROP(0.5f, 52)},
+    {.batch = 1, .sq = 300, .sk = 300, .hq = 2, .hkv = 2, .d = 128, .dtype = FA_DTYPE_F16,
+     .bwd = 1, DROP(0.9f, 53)},
+    {.batch = 1, .sq = 77, .sk = 200, .hq = 6, .hkv = 2, .d = 40, .dtype = FA_DTYPE_BF16,
+     .causal = 1, .bwd = 1, DROP(0.1f, 54)},
+    {.batch = 1, .sq = 200, .sk = 77, .hq = 6, .hkv = 2, .d = 96, .dtype = FA_DTYPE_F16,
+     .causal = 1, .bwd = 1, DROP(0.5f, 55)},
+    {.batch = 2, .sq = 130, .sk = 130, .hq = 4, .hkv = 1, .d = 32, .dtype = FA_DTYPE_BF16,
+     .causal = 1, .bwd = 1, DROP(0.3f, 56)},
+    {.batch = 1, .sq = 150, .sk = 170, .hq = 2, .hkv = 1, .d = 192, .dtype = FA_DTYPE_F16,
+     .bwd = 1, DROP(0.2f, 57)},
+    {.batch = 1, .sq = 129, .sk = 129, .hq = 2, .hkv = 2, .d = 256, .dtype = FA_DTYPE_BF16,
+     .causal = 1, .bwd = 1, DROP(0.1f, 58)},
+    {.batch = 3, .hq = 4, .hkv = 2, .d = 64, .dtype = FA_DTYPE_F16, .varlen = 1,
+     .lens_q = {17, 0, 170}, .lens_k = {33, 5, 170}, .causal = 1, .bwd = 1, DROP(0.5f, 59)},
+    {.batch = 3, .hq = 3, .hkv = 3, .d = 128, .dtype = FA_DTYPE_BF16, .varlen = 1,
+     .lens_q = {1, 65, 139}, .lens_k = {66, 0, 129}, .bwd = 1, DROP(0.1f, 60)},
+    {.batch = 2, .sq = 65, .sk = 129, .hq = 4, .hkv = 2, .d = 64, .dtype = FA_DTYPE_BF16,
+     .window = 1, .wl = 20, .wr = 5, .softcap = 30.0f, .alibi = TK_ALIBI_HEAD, .strided = 1,
+     .bwd = 1, DROP(0.5f, 61)},
+    {.batch = 2, .sq = 145, .sk = 145, .hq = 4, .hkv = 2, .d = 128, .dtype = FA_DTYPE_F16,
+     .causal = 1, .strided = 1, .deterministic = 1, .bwd = 1, DROP(0.3f, 62)},
+    {.batch = 2, .sq = 1, .sk = 65, .hq = 2, .hkv = 2, .d = 24, .dtype = FA_DTYPE_F16,
+     .strided = 1, .bwd = 1, DROP(0.9f, 63)},
 };
 
 /* ---- the generator ---- */
@@ -124,52 +161,78 @@ static void kept_fraction(void **state) {
  */
 enum { RB = 2, RH = 3, RSQ = 70, RSK = 200, RD = 200 };
 
-static void revealed(fa_context *ctx, float p, uint64_t seed, uint64_t off, uint8_t *fwd,
-                     uint8_t *bwd) {
+/* dev: the CUDA backend, in f16 (its dtypes; d = 200 is a multiple of 8), with the kept
+   values checked to f16 accuracy instead of fp32's. The record must name a dropout kernel. */
+static void revealed_on(fa_context *ctx, int dev, float p, uint64_t seed, uint64_t off,
+                        uint8_t *fwd, uint8_t *bwd) {
     tk_rng r;
     tk_rng_init(&r, 1);
+    const fa_dtype dt = dev ? FA_DTYPE_F16 : FA_DTYPE_F32;
     const int64_t qs[4] = {RB, RSQ, RH, RD}, ks[4] = {RB, RSK, RH, RD}, ls[3] = {RB, RH, RSQ};
     tk_buf q, k, v, o, lse, dout, dq, dk, dv;
     tk_buf *all[] = {&q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv};
     const int64_t *shapes[] = {qs, ks, ks, qs, ls, qs, qs, ks, ks};
     for (int i = 0; i < 9; i++)
-        assert_int_equal(tk_buf_alloc(all[i], FA_DTYPE_F32, i == 4 ? 3 : 4, shapes[i], 0, &r), 0);
+        assert_int_equal(tk_buf_alloc(all[i], i == 4 ? FA_DTYPE_F32 : dt, i == 4 ? 3 : 4,
+                                      shapes[i], 0, &r),
+                         0);
     memset(q.base, 0, q.bytes);
     memset(v.base, 0, v.bytes);
     memset(dout.base, 0, dout.bytes);
     tk_fill_normal(&k, &r, 1);
-    float *vv = v.t.data, *dd = dout.t.data;
     for (int b = 0; b < RB; b++)
         for (int h = 0; h < RH; h++) {
-            for (int j = 0; j < RSK; j++) vv[((b * RSK + j) * RH + h) * RD + j] = 1.0f;
-            for (int i = 0; i < RSQ; i++) dd[((b * RSQ + i) * RH + h) * RD + i] = 1.0f;
+            for (int j = 0; j < RSK; j++) tk_set(&v.t, ((b * RSK + j) * RH + h) * RD + j, 1.0);
+            for (int i = 0; i < RSQ; i++) tk_set(&dout.t, ((b * RSQ + i) * RH + h) * RD + i, 1.0);
         }
     fa_params prm = fa_params_default();
     prm.dropout_p = p;
     prm.dropout_seed = seed;
     prm.dropout_offset = off;
     tk_poison(&o);
-    assert_int_equal(fa_fwd(ctx, &q.t, &k.t, &v.t, &prm, &o.t, &lse.t), FA_OK);
     tk_poison(&dv);
-    assert_int_equal(fa_bwd(ctx, &q.t, &k.t, &v.t, &o.t, &dout.t, &lse.t, &prm, &dq.t, &dk.t,
-                            &dv.t),
+    fa_tensor t[9];
+    for (int i = 0; i < 9; i++) {
+        if (dev) assert_int_equal(tk_device_upload(all[i]), 0);
+        t[i] = dev ? tk_device_view(all[i]) : all[i]->t;
+    }
+    assert_int_equal(fa_fwd(ctx, &t[0], &t[1], &t[2], &prm, &t[3], &t[4]), FA_OK);
+    assert_non_null(strstr(fa_last_selection(ctx)->kernel, "_dropout"));
+    assert_int_equal(fa_bwd(ctx, &t[0], &t[1], &t[2], &t[3], &t[5], &t[4], &prm, &t[6], &t[7],
+                            &t[8]),
                      FA_OK);
-    const float *oo = o.t.data, *gv = dv.t.data;
+    assert_non_null(strstr(fa_last_selection(ctx)->kernel, "_dropout"));
+    if (dev) {
+        /* on every GPU the sm80 kernels (the sm90 ones have no dropout) */
+        assert_true(strncmp(fa_last_selection(ctx)->kernel, "sm80_", 5) == 0);
+        assert_int_equal(tk_device_download(&o), 0);
+        assert_int_equal(tk_device_download(&dv), 0);
+    }
     const double kept = 1.0 / ((1.0 - p) * RSK);
+    /* fp32: its rounding; f16: P (1 / (1 - p)) packed to f16, the sum, O rounded to f16 */
+    const double tol = dev ? 4e-3 : 1e-5;
     for (int b = 0; b < RB; b++)
         for (int h = 0; h < RH; h++)
             for (int i = 0; i < RSQ; i++)
                 for (int j = 0; j < RSK; j++) {
-                    const double x = oo[((b * RSQ + i) * RH + h) * RD + j];
-                    const double y = gv[((b * RSK + j) * RH + h) * RD + i];
-                    /* each either 0 (dropped) or the kept value to fp32 accuracy */
-                    assert_true(x == 0 || fabs(x - kept) <= 1e-5 * kept);
-                    assert_true(y == 0 || fabs(y - kept) <= 1e-5 * kept);
+                    const double x = tk_get(&o.t, ((b * RSQ + i) * RH + h) * RD + j);
+                    const double y = tk_get(&dv.t, ((b * RSK + j) * RH + h) * RD + i);
+                    /* each either 0 (dropped) or the kept value to the dtype's accuracy */
+                    assert_true(x == 0 || fabs(x - kept) <= tol * kept);
+                    assert_true(y == 0 || fabs(y - kept) <= tol * kept);
                     const size_t e = (((size_t)b * RH + h) * RSQ + i) * RSK + j;
                     fwd[e] = x != 0;
                     bwd[e] = y != 0;
                 }
-    for (int i = 0; i < 9; i++) tk_buf_free(all[i]);
+    for (int i = 0; i < 9; i++) {
+        if (dev) tk_device_free(all[i]);
+        tk_buf_free(all[i]);
+    }
+}
+
+static void revealed(fa_context *ctx, float p, uint64_t seed, uint64_t off, uint8_t *fwd,
+                     uint8_t *bwd) {
+    revealed_on(ctx, 0, p, seed, off, fwd, bwd);
 }
 
 static void kernels_apply_the_mask(void **state) {
@@ -284,36 +347,28 @@ static void mask_errors(void **state) {
     fa_context_destroy(ctx);
 }
 
-/* The CUDA backend refuses dropout before it writes anything (skipped without a GPU). */
-static void cuda_refuses(void **state) {
+/* The GPU kernels apply fa_dropout_mask's mask bit for bit, forward and backward, at three p
+   and offsets with both words set, plain and deterministic (skipped without a GPU). */
+static void cuda_applies_the_mask(void **state) {
     (void)state;
     if (!sweep_have_cuda()) skip();
-    fa_context *ctx;
-    assert_int_equal(fa_context_create(&ctx, FA_BACKEND_CUDA), FA_OK);
-    tk_rng r;
-    tk_rng_init(&r, 5);
-    const int64_t s4[4] = {1, 16, 2, 64}, s3[3] = {1, 2, 16};
-    tk_buf q, k, v, o, lse;
-    tk_buf *all[] = {&q, &k, &v, &o, &lse};
-    for (int i = 0; i < 5; i++) {
-        assert_int_equal(tk_buf_alloc(all[i], i == 4 ? FA_DTYPE_F32 : FA_DTYPE_F16, i == 4 ? 3 : 4,
-                                      i == 4 ? s3 : s4, 0, &r),
-                         0);
-        tk_poison(all[i]);
-        assert_int_equal(tk_device_upload(all[i]), 0);
+    const size_t n = (size_t)RB * RH * RSQ * RSK;
+    uint8_t *want = malloc(n), *fwd = malloc(n), *bwd = malloc(n);
+    assert_true(want && fwd && bwd);
+    const float ps[] = {0.1f, 0.5f, 0.9f};
+    for (int t = 0; t < 3; t++) {
+        const uint64_t seed = tk_seed() * 3 + (uint64_t)t, off = (uint64_t)(t + 1) << 40 | 9;
+        fa_context *ctx;
+        assert_int_equal(fa_context_create(&ctx, FA_BACKEND_CUDA), FA_OK);
+        assert_int_equal(fa_dropout_mask(ctx, seed, off, ps[t], RB, RH, RSQ, RSK, want), FA_OK);
+        revealed_on(ctx, 1, ps[t], seed, off, fwd, bwd);
+        assert_memory_equal(want, fwd, n);
+        assert_memory_equal(want, bwd, n);
+        fa_context_destroy(ctx);
     }
-    fa_tensor t[5];
-    for (int i = 0; i < 5; i++) t[i] = tk_device_view(all[i]);
-    fa_params p = fa_params_default();
-    p.dropout_p = 0.1f;
-    assert_int_equal(fa_fwd(ctx, &t[0], &t[1], &t[2], &p, &t[3], &t[4]), FA_ERR_UNSUPPORTED);
-    assert_non_null(strstr(fa_last_error(ctx), "dropout"));
-    assert_null(fa_last_selection(ctx));
-    for (int i = 0; i < 5; i++) {
-        tk_device_free(all[i]);
-        tk_buf_free(all[i]);
-    }
-    fa_context_destroy(ctx);
+    free(want);
+    free(fwd);
+    free(bwd);
 }
 
 int main(int argc, char **argv) {
@@ -321,8 +376,11 @@ int main(int argc, char **argv) {
         cmocka_unit_test(philox_known_answers), cmocka_unit_test(mask_is_the_rule),
         cmocka_unit_test(kept_fraction),        cmocka_unit_test(kernels_apply_the_mask),
         cmocka_unit_test(seeds_and_offsets),    cmocka_unit_test(mask_errors),
-        cmocka_unit_test(cuda_refuses),
+        cmocka_unit_test(cuda_applies_the_mask),
     };
-    const size_t n = sizeof cases / sizeof *cases;
-    return sweep_main(argc, argv, "dropout", cases, n, extra, sizeof extra / sizeof *extra);
+    /* `cuda`: the GPU's own cases (sweep_main runs no extras there) */
+    const int gpu = argc > 1 && strcmp(argv[1], "cuda") == 0;
+    const tk_case *c = gpu ? cuda_cases : cases;
+    const size_t n = gpu ? sizeof cuda_cases / sizeof *cuda_cases : sizeof cases / sizeof *cases;
+    return sweep_main(argc, argv, "dropout", c, n, extra, sizeof extra / sizeof *extra);
 }

@@ -9,12 +9,44 @@ seed) makes a run repeatable and successive calls independent:
                    generator (numpy.random.seed)
   torch.Generator, numpy.random.Generator: drawn from it
   an int           the seed itself (offset 0): the same mask on every call
+CUDA tensors, as flash_attn: the generator is the device's CUDA generator (None: torch's default
+one for that device, or a CUDA torch.Generator), and the call takes its current seed and Philox
+offset and advances the offset (no draw, so no device-to-host copy), so torch.manual_seed and
+torch.cuda.manual_seed make runs repeatable and successive calls get different masks. Under
+CUDA-graph capture that would bake one mask into every replay: refused (NotImplementedError).
 """
 
 import ctypes
 import sys
 
 from . import _context, _lib
+
+
+# How far a call advances a CUDA generator's offset: torch's CUDA generators take offsets in
+# multiples of 4 (one Philox call's outputs), and any step gives the next call another mask.
+_CUDA_OFFSET_STEP = 4
+
+
+def _cuda_state(torch, generator, tensors):
+    """(seed, offset) from a CUDA generator, its offset advanced; None when the call is not a
+    CUDA one (CPU tensors, or a CPU generator given)."""
+    cuda = next((t for t in tensors if isinstance(t, torch.Tensor) and t.is_cuda), None)
+    if cuda is None:
+        return None
+    if generator is None:
+        index = cuda.device.index if cuda.device.index is not None else torch.cuda.current_device()
+        gen = torch.cuda.default_generators[index]
+    elif isinstance(generator, torch.Generator) and generator.device.type == "cuda":
+        gen = generator
+    else:
+        return None
+    if torch.cuda.is_current_stream_capturing():
+        raise NotImplementedError("dropout_p > 0 while capturing a CUDA graph: the seed and "
+                                  "offset would be fixed in the graph (every replay the same "
+                                  "mask); call it outside the capture")
+    seed, offset = int(gen.initial_seed()), int(gen.get_offset())
+    gen.set_offset(offset + _CUDA_OFFSET_STEP)
+    return seed & ((1 << 64) - 1), offset & ((1 << 64) - 1)
 
 
 def _draw_seed(generator, torch_tensors):
@@ -42,6 +74,10 @@ def draw(dropout_p, tensors, generator=None):
         return None
     torch = sys.modules.get("torch")
     torch_tensors = torch is not None and any(isinstance(t, torch.Tensor) for t in tensors)
+    if torch_tensors:
+        state = _cuda_state(torch, generator, tensors)
+        if state is not None:
+            return (float(dropout_p), state[0], state[1])
     return (float(dropout_p), _draw_seed(generator, torch_tensors), 0)
 
 

@@ -5,16 +5,18 @@ replaces `from flash_attn import flash_attn_func`. They take torch tensors (CPU 
 autograd) and numpy arrays (CPU, forward only; see attention_backward for gradients).
 
 Differences from flash_attn, all explicit:
-  - dropout_p > 0 runs on the CPU backend (the GPU's dropout kernels are not built yet:
-    FlashAttnError). Each call draws its mask's seed from a generator (_dropout.py): torch's
-    default generator for torch tensors (torch.manual_seed makes it repeatable), numpy's for
-    numpy arrays, or the keyword-only generator= (a torch.Generator, a numpy Generator, or an
-    int seed); autograd keeps the seed for the backward, which regenerates the same mask.
+  - dropout_p > 0 runs on both backends (on the GPU the sm80 kernels, sm_90 included; the
+    KV-cache function has none). Each call takes its mask's seed from a generator
+    (_dropout.py): for CUDA tensors the device's CUDA generator, whose seed and offset it takes
+    and advances, as flash_attn; torch's default generator for CPU tensors (torch.manual_seed
+    makes either repeatable), numpy's for numpy arrays, or the keyword-only generator= (a
+    torch.Generator, a numpy Generator, or an int seed); autograd keeps seed and offset for
+    the backward, which regenerates the same mask.
   - return_attn_probs=True returns (out, softmax_lse, S): S is None without dropout (as
     flash_attn, whose S_dmask exists only with dropout); with dropout S is the keep mask,
     uint8 (batch, nheads, seqlen_q, seqlen_k) [varlen: max_seqlen_q, max_seqlen_k, sequence b
     in the top-left corner of its block], 1 kept (scaled by 1 / (1 - dropout_p)), 0 dropped,
-    as a tensor on the CPU for torch inputs, else a numpy array. flash_attn's S_dmask carries
+    as a tensor on q's device for torch inputs, else a numpy array. flash_attn's S_dmask carries
     the probabilities too, with the sign as the mask; here the probabilities are
     exp(scores - softmax_lse).
   - A row that sees no key gets out = 0 and softmax_lse = -inf (flash_attn leaves its LSE
@@ -85,7 +87,7 @@ def _mask_of(opts, q, k, torch_out):
     p, seed, offset = opts.dropout
     m = _dropout.dropout_mask(seed, offset, p, batch, q.shape[-2], sq, sk)
     if torch_out:
-        return _tensors._import_torch().from_numpy(m)
+        return _tensors._import_torch().from_numpy(m).to(q.device)
     return m
 
 

@@ -1,6 +1,8 @@
-"""Dropout through the package (CPU): forward and backward against a float64 torch reference
+"""Dropout through the package: forward and backward against a float64 torch reference
 that applies the mask the call returns (return_attn_probs), seeds drawn from torch's and
-numpy's generators, varlen, numpy, and the refusals. Run once per binding:
+numpy's generators, varlen, numpy, and the refusals; on CUDA tensors (skipped without a GPU)
+the same against the reference under the 2x rule, the CUDA generator's seed and offset, and
+the record. Run once per binding:
 FLASHATTN_BINDING=ctypes selects the other one."""
 
 import math
@@ -22,8 +24,8 @@ def reference(q, k, v, keep, p, causal):
     s = torch.einsum("bihd,bjhd->bhij", q, k) / math.sqrt(q.shape[-1])
     sq, sk = q.shape[1], k.shape[1]
     if causal:
-        i = torch.arange(sq)[:, None]
-        j = torch.arange(sk)[None, :]
+        i = torch.arange(sq, device=q.device)[:, None]
+        j = torch.arange(sk, device=q.device)[None, :]
         s = s.masked_fill(j > i + sk - sq, -math.inf)
     pr = torch.softmax(s, dim=-1) * keep.double() / (1 - p)
     return torch.einsum("bhij,bjhd->bihd", pr, v)
@@ -128,7 +130,125 @@ def test_refusals(rng):
         flashattn.flash_attn_func(q, k, v, dropout_p=1.0)
     with pytest.raises(TypeError):
         flashattn.flash_attn_func(q, k, v, dropout_p=0.5, generator="seed")
-    if flashattn.has_cuda() and torch.cuda.is_available():
-        qc, kc, vc = (t.detach().cuda().half() for t in (q, k, v))
-        with pytest.raises(flashattn.FlashAttnError, match="dropout"):
-            flashattn.flash_attn_func(qc, kc, vc, dropout_p=0.5)
+
+
+# ---- CUDA ----
+
+needs_gpu = pytest.mark.skipif(not (flashattn.has_cuda() and torch.cuda.is_available()),
+                               reason="no CUDA backend or GPU")
+
+
+def reference_low(q, k, v, keep, p, causal, dt=None):
+    """reference() on the GPU; dt: the baseline, the same math with the probabilities rounded
+    to the kernel's dtype before P V and fp32 elsewhere (the 2x rule's comparison point)."""
+    if dt is None:
+        return reference(q, k, v, keep, p, causal)
+    g = q.shape[2] // k.shape[2]
+    qf, kf, vf = (t.float() for t in (q, k, v))
+    kf, vf = kf.repeat_interleave(g, dim=2), vf.repeat_interleave(g, dim=2)
+    s = torch.einsum("bihd,bjhd->bhij", qf, kf) / math.sqrt(q.shape[-1])
+    sq, sk = q.shape[1], k.shape[1]
+    if causal:
+        i = torch.arange(sq, device=q.device)[:, None]
+        j = torch.arange(sk, device=q.device)[None, :]
+        s = s.masked_fill(j > i + sk - sq, -math.inf)
+    pr = (torch.softmax(s, dim=-1) * keep.float() / (1 - p)).to(dt).float()
+    return torch.einsum("bhij,bjhd->bihd", pr, vf).to(dt)
+
+
+def within_2x(name, got, ref, base, slack):
+    """|got - ref| <= 2 |base - ref| + slack, in max norm (the design's rule)."""
+    e, b = (got.double() - ref).abs().max().item(), (base.double() - ref).abs().max().item()
+    assert e <= 2 * b + slack, f"{name}: error {e:.3g}, baseline {b:.3g}, slack {slack:.3g}"
+
+
+@needs_gpu
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 113, 157, 4, 2, 64), (1, 257, 131, 2, 1, 128)])
+def test_cuda_against_reference(rng, dt, causal, shape):
+    dt = getattr(torch, dt)
+    b, sq, sk, hq, hkv, d = shape
+    p = 0.17
+    mk = lambda *s: torch.tensor(rng.standard_normal(s), dtype=dt, device="cuda",
+                                 requires_grad=True)
+    q, k, v = mk(b, sq, hq, d), mk(b, sk, hkv, d), mk(b, sk, hkv, d)
+    out, lse, keep = flashattn.flash_attn_func(q, k, v, dropout_p=p, causal=causal,
+                                               return_attn_probs=True)
+    sel = flashattn.last_selection()
+    assert sel.kernel.startswith("sm80_fwd") and "_dropout" in sel.kernel, sel.kernel
+    assert keep.device == q.device and keep.shape == (b, hq, sq, sk)
+    dout = torch.tensor(rng.standard_normal(out.shape), dtype=dt, device="cuda")
+    out.backward(dout)
+    assert "_dropout" in flashattn.last_selection().kernel
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = reference(q64, k64, v64, keep, p, causal)
+    ref.backward(dout.double())
+    qb, kb, vb = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    base = reference_low(qb, kb, vb, keep, p, causal, dt)
+    base.backward(dout)
+    within_2x("out", out, ref, base, 1e-3)
+    for name, got, want, bg in (("dq", q.grad, q64.grad, qb.grad), ("dk", k.grad, k64.grad, kb.grad),
+                                ("dv", v.grad, v64.grad, vb.grad)):
+        within_2x(name, got, want, bg, 1e-3 * want.abs().max().item() + 1e-3)
+    # a wrong mask must not pass: another seed's mask against the call's output
+    other = torch.from_numpy(flashattn.dropout_mask(1, 2, p, b, hq, sq, sk)).cuda()
+    wrong = reference(q64.detach(), k64.detach(), v64.detach(), other, p, causal)
+    e_wrong = (out.double() - wrong).abs().max().item()
+    e_base = (base.double() - ref).abs().max().item()
+    assert e_wrong > 2 * e_base + 1e-3
+
+
+@needs_gpu
+def test_cuda_generator_seed_and_offset(rng):
+    q, k, v = (torch.tensor(rng.standard_normal((1, 40, 2, 64)), dtype=torch.float16,
+                            device="cuda") for _ in range(3))
+    torch.cuda.manual_seed(5)
+    gen = torch.cuda.default_generators[torch.cuda.current_device()]
+    off0 = gen.get_offset()
+    a = flashattn.flash_attn_func(q, k, v, dropout_p=0.5)
+    assert gen.get_offset() > off0  # the call took its slot of the CUDA generator
+    torch.cuda.manual_seed(5)
+    b = flashattn.flash_attn_func(q, k, v, dropout_p=0.5)
+    c = flashattn.flash_attn_func(q, k, v, dropout_p=0.5)  # the offset moved on
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+    # the mask returned is the one of the CUDA generator's (seed, offset) at the call
+    torch.cuda.manual_seed(6)
+    seed, off = gen.initial_seed(), gen.get_offset()
+    _, _, keep = flashattn.flash_attn_func(q, k, v, dropout_p=0.5, return_attn_probs=True)
+    want = flashattn.dropout_mask(seed, off, 0.5, 1, 2, 40, 40)
+    np.testing.assert_array_equal(keep.cpu().numpy(), want)
+
+
+@needs_gpu
+def test_cuda_varlen(rng):
+    lens_q, lens_k = [5, 0, 131], [7, 3, 140]
+    cq = torch.tensor(np.concatenate([[0], np.cumsum(lens_q)]), dtype=torch.int32, device="cuda")
+    ck = torch.tensor(np.concatenate([[0], np.cumsum(lens_k)]), dtype=torch.int32, device="cuda")
+    mk = lambda n: torch.tensor(rng.standard_normal((n, 2, 64)), dtype=torch.float16,
+                                device="cuda", requires_grad=True)
+    q, k, v = mk(sum(lens_q)), mk(sum(lens_k)), mk(sum(lens_k))
+    out, _, keep = flashattn.flash_attn_varlen_func(q, k, v, cq, ck, 131, 140, dropout_p=0.3,
+                                                    causal=True, return_attn_probs=True)
+    assert keep.shape == (3, 2, 131, 140)
+    dout = torch.tensor(rng.standard_normal(out.shape), dtype=torch.float16, device="cuda")
+    out.backward(dout)
+    for b in range(3):
+        if lens_q[b] == 0:
+            continue
+        qs, ks = slice(int(cq[b]), int(cq[b + 1])), slice(int(ck[b]), int(ck[b + 1]))
+        kb = keep[b:b + 1, :, :lens_q[b], :lens_k[b]]
+        q64, k64, v64 = (t.detach()[None, sl].double().requires_grad_()
+                         for t, sl in ((q, qs), (k, ks), (v, ks)))
+        ref = reference(q64, k64, v64, kb, 0.3, True)
+        ref.backward(dout[None, qs].double())
+        qb, kb16, vb = (t.detach()[None, sl].clone().requires_grad_()
+                        for t, sl in ((q, qs), (k, ks), (v, ks)))
+        base = reference_low(qb, kb16, vb, kb, 0.3, True, torch.float16)
+        base.backward(dout[None, qs])
+        within_2x(f"out[{b}]", out[None, qs], ref, base, 1e-3)
+        for name, got, want, bg in (("dq", q.grad[None, qs], q64.grad, qb.grad),
+                                    ("dk", k.grad[None, ks], k64.grad, kb16.grad),
+                                    ("dv", v.grad[None, ks], v64.grad, vb.grad)):
+            within_2x(f"{name}[{b}]", got, want, bg, 1e-3 * want.abs().max().item() + 1e-3)

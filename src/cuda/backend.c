@@ -160,12 +160,6 @@ static fa_status check_problem_scalars(fa_context *ctx, const char *fn, const fa
         return fa_fail(ctx, FA_ERR_UNSUPPORTED,
                        "%s: the naive and plain reference algorithms run on the CPU backend only",
                        fn);
-    /* refused before anything runs: the CPU backend has dropout (dropout.h), the GPU not yet */
-    if (p->drop_p > 0)
-        return fa_fail(ctx, FA_ERR_UNSUPPORTED,
-                       "%s: dropout_p = %g: the GPU dropout kernel is not built yet (the CPU "
-                       "backend has dropout)",
-                       fn, (double)p->drop_p);
     if (p->dtype != FA_DTYPE_F16 && p->dtype != FA_DTYPE_BF16)
         return fa_fail(ctx, FA_ERR_DTYPE, "%s: dtype %s; the CUDA backend takes f16 and bf16", fn,
                        fa_dtype_name(p->dtype));
@@ -273,6 +267,11 @@ static fa_status varlen(fa_context *ctx, const char *fn, fa_problem *p, void *ws
     return FA_OK;
 }
 
+/* Whether the sm90 kernels take p: their head dims, and no dropout (they have none; the sm80
+   kernels have it and run on sm_90 too, see drop_reason). */
+static int sm90_fwd_takes(const fa_problem *p) { return !(p->drop_p > 0) && fa_sm90_fwd_covers(p); }
+static int sm90_bwd_takes(const fa_problem *p) { return !(p->drop_p > 0) && fa_sm90_bwd_covers(p); }
+
 static void record(fa_context *ctx, const char *op, const fa_cuda_launch *l, size_t ws) {
     fa_select(ctx, "cuda", op, l->kernel);
     ctx->sel.tile_q = l->tile_q;
@@ -298,7 +297,7 @@ static size_t fwd_workspace(const fa_context *ctx, const fa_problem *p) {
     const dev_info *d = current_device(msg, sizeof msg);
     const fa_problem k = kernel_shape(p);
     const size_t pad = fa_cuda_pad_bytes(p, 0);
-    if (d && d->cc == 90 && ctx->sm90_fwd && fa_sm90_fwd_covers(&k))
+    if (d && d->cc == 90 && ctx->sm90_fwd && sm90_fwd_takes(&k))
         return ws_head(p) + pad + FA_SM90_FWD_WORKSPACE;
     return p->cu_q || pad ? ws_head(p) + pad : 0;
 }
@@ -310,6 +309,16 @@ static fa_status cuda_fwd_workspace(fa_context *ctx, const fa_problem *p, size_t
 }
 
 typedef fa_status (*launch_fn)(const fa_problem *, fa_cuda_launch *);
+
+/* Dropout runs the sm80 kernels on every GPU (the sm90 ones have no dropout, as
+   FlashAttention-3's have none): on sm_90 the record says so, so that no one reads an sm80
+   time as a Hopper kernel's. The kernel name's "_dropout" suffix says it everywhere. */
+static void drop_reason(fa_context *ctx, const fa_cuda_launch *l, const fa_problem *p) {
+    if (!(p->drop_p > 0) || l->cc != 90) return;
+    const size_t n = strlen(ctx->sel.reason);
+    snprintf(ctx->sel.reason + n, sizeof ctx->sel.reason - n, "%sdropout_p > 0: the sm90 "
+             "kernels have no dropout, sm80 kernel", n ? "; " : "");
+}
 
 /* The Hopper kernel where `hopper` says it has the problem, else the sm80 one. The Hopper
    kernel declining a call (strides, shared memory, a build without sm_90a code, ...) is a
@@ -394,7 +403,7 @@ static fa_status cuda_fwd(fa_context *ctx, const fa_problem *pin, void *ws, size
         k = p;
         zero_in(ctx, ws, &l);
     }
-    TRY(run_kernel(ctx, "fa_fwd", l.cc == 90 && ctx->sm90_fwd && fa_sm90_fwd_covers(&k),
+    TRY(run_kernel(ctx, "fa_fwd", l.cc == 90 && ctx->sm90_fwd && sm90_fwd_takes(&k),
                    fa_sm90_fwd, fa_sm80_fwd, &k, &l, why, sizeof why));
     zero_out(ctx, ws, &l);
     if (pad) {
@@ -404,6 +413,7 @@ static fa_status cuda_fwd(fa_context *ctx, const fa_problem *pin, void *ws, size
     record(ctx, "fwd", &l, fwd_workspace(ctx, pin));
     if (pad) record_pad(ctx, pin, &k, why);
     else if (why[0]) snprintf(ctx->sel.reason, sizeof ctx->sel.reason, "%s", why);
+    drop_reason(ctx, &l, &p);
     return FA_OK;
 }
 
@@ -436,7 +446,7 @@ static fa_status cuda_bwd(fa_context *ctx, const fa_problem *pin, void *ws, size
         if (st != FA_OK) return fa_fail(ctx, st, "fa_bwd: %s", l.msg);
     }
     char why[sizeof ctx->sel.reason];
-    TRY(run_kernel(ctx, "fa_bwd", l.cc == 90 && ctx->sm90_bwd && fa_sm90_bwd_covers(&k),
+    TRY(run_kernel(ctx, "fa_bwd", l.cc == 90 && ctx->sm90_bwd && sm90_bwd_takes(&k),
                    fa_sm90_bwd, fa_sm80_bwd, &k, &l, why, sizeof why));
     if (pad) {
         fa_status st = fa_cuda_pad_out(&p, &k, 1, ctx->stream, l.msg, sizeof l.msg);
@@ -445,6 +455,7 @@ static fa_status cuda_bwd(fa_context *ctx, const fa_problem *pin, void *ws, size
     record(ctx, "bwd", &l, head + need);
     if (pad) record_pad(ctx, pin, &k, why);
     else if (why[0]) snprintf(ctx->sel.reason, sizeof ctx->sel.reason, "%s", why);
+    drop_reason(ctx, &l, &p);
     return FA_OK;
 }
 
@@ -460,6 +471,13 @@ static fa_status check_kvcache(fa_context *ctx, const fa_problem *p) {
                        "%s: head_dim = %lld; the CUDA KV-cache path takes multiples of 8 up to "
                        "256 (fa_fwd and fa_bwd take any head dim up to 256)",
                        fn, (long long)p->d);
+    /* the decode kernels have no dropout (FlashAttention-2's KV-cache path has none either:
+       inference does not drop); refused before anything runs rather than ignored */
+    if (p->drop_p > 0)
+        return fa_fail(ctx, FA_ERR_UNSUPPORTED,
+                       "%s: dropout_p = %g: the CUDA KV-cache path has no dropout (fa_fwd and "
+                       "fa_bwd have it)",
+                       fn, (double)p->drop_p);
     const int64_t cache_outer = p->block_table ? p->num_pages : p->batch;
     const int64_t cache_rows = p->block_table ? p->page_size : p->seqlen_k;
     TRY(check_operand(ctx, fn, "q", &p->q, p->batch, p->seqlen_q, p->heads_q, p->d));

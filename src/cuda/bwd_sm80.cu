@@ -152,6 +152,11 @@ static fa_status run_bwd(const fa_problem *p, fa_cuda_launch *l, bool hopper) {
     Plan pl = make_plan(p, l);
     const bool det = p->deterministic != 0;
     Sm90Args g;
+    pl.drop = p->drop_p > 0; /* the dispatcher bounded the counter words (dispatch.c) */
+    if (hopper && pl.drop) { /* the backend never asks; refused rather than run undropped */
+        snprintf(l->msg, sizeof l->msg, "the sm90 backward has no dropout");
+        return FA_ERR_UNSUPPORTED;
+    }
     if (hopper) {
         int bm = 0;
         const char *why = sm90_bwd_prepare(p, l, &g, &bm);
@@ -163,8 +168,9 @@ static fa_status run_bwd(const fa_problem *p, fa_cuda_launch *l, bool hopper) {
         pl.bm = bm;
         pl.bn = 128;
     }
-    snprintf(l->kernel, sizeof l->kernel, "%s_bwd_d%d_%s%s%s", hopper ? "sm90" : "sm80", pl.D,
-             fa_dtype_name(p->dtype), fa_cuda_mask_name(p), det ? "_det" : "");
+    snprintf(l->kernel, sizeof l->kernel, "%s_bwd_d%d_%s%s%s%s", hopper ? "sm90" : "sm80", pl.D,
+             fa_dtype_name(p->dtype), fa_cuda_mask_name(p), det ? "_det" : "",
+             pl.drop ? "_dropout" : "");
     l->tile_q = pl.bm;
     l->tile_k = pl.bn;
     l->threads = 256;
@@ -217,6 +223,9 @@ static fa_status run_bwd(const fa_problem *p, fa_cuda_launch *l, bool hopper) {
     a.dv_part = pl.nsplit > 1 ? (float *)(base + pl.off_dv) : nullptr;
     a.ws_rows = pl.ws_rows, a.kv_rows = pl.kv_rows, a.sq_pad = pl.sq_pad;
     a.nsplit = pl.nsplit, a.heads_per_split = pl.heads_per_split;
+    a.drop.d = fa_drop_init(p->drop_seed, p->drop_offset, p->drop_p);
+    a.drop.scale = fa_drop_scale(p->drop_p);
+    a.drop.heads_q = (int)p->heads_q;
 
     const cudaStream_t st = (cudaStream_t)l->stream;
     cudaError_t e = run_pre(a, pl, p->dtype, !det, st);

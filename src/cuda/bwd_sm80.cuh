@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dropout_sm80.cuh"
 #include "kernels.h"
 
 namespace fa {
@@ -54,6 +55,7 @@ struct BwdArgs {
     int sq_pad;     /* BSHD: seqlen_q rounded up to kRowPad */
     int nsplit;     /* query-head groups of a kv head handled by separate blocks */
     int heads_per_split;
+    DropArgs drop;  /* read by the dropout kernels only (Plan::drop) */
 };
 
 /* Sequence b: first token and length of its queries and keys; bq/bk multiply the batch
@@ -213,6 +215,7 @@ template <> struct Tiles<256> {
 struct Plan {
     int D;
     bool sm90;        /* the main kernel is the Hopper one (bwd_sm90.cuh): run_d<D> skips its own */
+    bool drop;        /* dropout: the DROP instances of the main and dQ kernels */
     int cfg;          /* 0 Big, 1 Mid, 2 Small; -1: nothing fits the device */
     int bm, bn;       /* main kernel tiles */
     size_t smem;      /* main kernel dynamic shared memory */

@@ -8,6 +8,8 @@
  * registers as the A operand of dQ += dS K without touching shared memory (the C-to-A
  * fragment identity of ptx.cuh). K and V tiles are double-buffered: tile n+1 loads during
  * tile n's math.
+ *
+ * Dropout (DROP): dS = P (Z dP - D), Z the forward's factors regenerated (cpu/bwd_tiled.c).
  */
 #ifndef FA_CUDA_BWD_SM80_DQ_CUH
 #define FA_CUDA_BWD_SM80_DQ_CUH
@@ -19,7 +21,7 @@
 namespace fa {
 namespace bwd {
 
-template <typename T, typename C>
+template <typename T, typename C, bool DROP>
 __global__ void __launch_bounds__(C::THREADS) bwd_dq_kernel(const __grid_constant__ BwdArgs a) {
     constexpr int D = C::D, BM = C::BM, BN = C::BN, NT = C::NT, DT = C::DT, LCH = D / 8;
     constexpr int LD = C::LD_D, THREADS = C::THREADS;
@@ -84,6 +86,12 @@ __global__ void __launch_bounds__(C::THREADS) bwd_dq_kernel(const __grid_constan
             warp_mma<T, 1, NT, D / 16, LD, false, LD, false>(sc, sQ, warp * 16, 0, sKb, 0, 0, lane);
             warp_mma<T, 1, NT, D / 16, LD, false, LD, false>(dp, sdO, warp * 16, 0, sVb, 0, 0, lane);
             const bool full = i0 + BM <= s.sq && fa_range_holds(every, j0, j0 + BN);
+            if constexpr (DROP) { /* the gradient of P is Z o dP */
+                uint32_t keep[1][2][(NT + 7) / 8];
+                drop_mask<1, NT>(a.drop, (uint32_t)(b * a.heads_q + h),
+                                 (uint32_t)(i0 + warp * 16 + g), (uint32_t)j0, lane, keep);
+                drop_mul<1, NT>(dp, keep, a.drop.scale);
+            }
             p_ds(sc, dp, a, rk, sL, sDd, warp * 16, i0, j0, s.sq, full && !fancy, slope, lane);
 
             /* dQ += dS K: dS straight from the registers as A fragments */
@@ -126,8 +134,9 @@ __global__ void __launch_bounds__(C::THREADS) bwd_dq_kernel(const __grid_constan
     }
 }
 
-template <typename T, typename C> cudaError_t launch_dq(const BwdArgs &a, cudaStream_t st) {
-    auto kern = bwd_dq_kernel<T, C>;
+template <typename T, typename C, bool DROP>
+cudaError_t launch_dq(const BwdArgs &a, cudaStream_t st) {
+    auto kern = bwd_dq_kernel<T, C, DROP>;
     cudaError_t e = (cudaError_t)fa_cuda_smem_limit((const void *)kern, (int)C::SMEM);
     if (e != cudaSuccess) return e;
     const dim3 grid((a.seqlen_q + C::BM - 1) / C::BM, a.heads_q, a.batch);

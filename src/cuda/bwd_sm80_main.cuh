@@ -13,6 +13,10 @@
  *                                      accumulator, no bounds tests; skipped in deterministic
  *                                      mode, where bwd_sm80_dq.cuh computes dQ)
  *
+ * Dropout (DROP, a template parameter: the kernels without it are unchanged), with the
+ * forward's factors Z regenerated (dropout_sm80.cuh), as cpu/bwd_tiled.c: dS = P (Z dP - D)
+ * and dV += (P Z)^T dO; D = rowsum(dO O) stays as it is (sum_j P Z dP = dO . O).
+ *
  * Barriers per query tile: one after the loads land (also fences the previous tile's reads of
  * P/dS and of the buffer the next prefetch overwrites), one after P/dS are stored. With DB the
  * next Q/dO/LSE/D tile is in flight during all of this tile's math; without, it loads during
@@ -30,7 +34,7 @@
 namespace fa {
 namespace bwd {
 
-template <typename T, typename C, bool DQ_ATOMIC>
+template <typename T, typename C, bool DQ_ATOMIC, bool DROP>
 __global__ void __launch_bounds__(C::THREADS, 1) bwd_main_kernel(const __grid_constant__ BwdArgs a) {
     constexpr int D = C::D, BM = C::BM, BN = C::BN, LCH = D / 8;
     constexpr int LD_D = C::LD_D, LD_N = C::LD_N, THREADS = C::THREADS;
@@ -145,7 +149,21 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_main_kernel(const __grid_co
                 zero(dp);
                 warp_mma<T, C::S_MT, C::S_NTS, D / 16, LD_D, false, LD_D, false>(
                     sc, sQb, wm_s * C::STM, 0, sK, n0, 0, lane);
-                if (!(a.softcap > 0.f)) {
+                uint32_t keep[DROP ? C::S_MT : 1][2][(C::S_NTS + 7) / 8];
+                if constexpr (DROP) {
+                    /* Z o dP, then dS; P leaves as P Z for dV (dS took P itself). The
+                       product dO V^T comes first here: P must wait for dS. */
+                    drop_mask<C::S_MT, C::S_NTS>(a.drop, (uint32_t)(b * a.heads_q + h),
+                                                 (uint32_t)(i0 + wm_s * C::STM + g),
+                                                 (uint32_t)(j0 + n0), lane, keep);
+                    warp_mma<T, C::S_MT, C::S_NTS, D / 16, LD_D, false, LD_D, false>(
+                        dp, sdOb, wm_s * C::STM, 0, sV, n0, 0, lane);
+                    drop_mul<C::S_MT, C::S_NTS>(dp, keep, a.drop.scale);
+                    p_ds(sc, dp, a, rk, sL, sDd, wm_s * C::STM, i0, j0 + n0, s.sq,
+                         full && !fancy, slope, lane);
+                    drop_mul<C::S_MT, C::S_NTS>(sc, keep, a.drop.scale);
+                    store(sc, C::OFF_P);
+                } else if (!(a.softcap > 0.f)) {
                     /* P before the dP product, so that the exponentials overlap it */
                     p_of(sc, a, rk, sL, wm_s * C::STM, i0, j0 + n0, s.sq, full && !fancy, slope,
                          lane);
@@ -263,9 +281,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_main_kernel(const __grid_co
 }
 
 /* Queues the main kernel of configuration C. */
-template <typename T, typename C, bool DQ_ATOMIC>
+template <typename T, typename C, bool DQ_ATOMIC, bool DROP>
 cudaError_t launch_main(const BwdArgs &a, cudaStream_t st) {
-    auto kern = bwd_main_kernel<T, C, DQ_ATOMIC>;
+    auto kern = bwd_main_kernel<T, C, DQ_ATOMIC, DROP>;
     cudaError_t e = (cudaError_t)fa_cuda_smem_limit((const void *)kern, (int)C::SMEM);
     if (e != cudaSuccess) return e;
     const dim3 grid((a.seqlen_k + C::BN - 1) / C::BN, a.heads_kv * a.nsplit, a.batch);

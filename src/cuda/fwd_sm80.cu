@@ -21,15 +21,15 @@ extern "C" int fa_cuda_kernel_dim(int64_t d) {
 namespace {
 
 template <typename T>
-cudaError_t run_dim(int D, const fa::FwdArgs &a, int batch, int heads, int max_sq, size_t optin,
+cudaError_t run_dim(int D, const fa::FwdArgs &a, bool drop, int batch, int heads, int max_sq, size_t optin,
                     cudaStream_t st, fa::FwdShape *shape) {
     switch (D) {
-    case 32: return fa::fwd_sm80_run<T, 32>(a, batch, heads, max_sq, optin, st, shape);
-    case 64: return fa::fwd_sm80_run<T, 64>(a, batch, heads, max_sq, optin, st, shape);
-    case 96: return fa::fwd_sm80_run<T, 96>(a, batch, heads, max_sq, optin, st, shape);
-    case 128: return fa::fwd_sm80_run<T, 128>(a, batch, heads, max_sq, optin, st, shape);
-    case 192: return fa::fwd_sm80_run<T, 192>(a, batch, heads, max_sq, optin, st, shape);
-    default: return fa::fwd_sm80_run<T, 256>(a, batch, heads, max_sq, optin, st, shape);
+    case 32: return fa::fwd_sm80_run<T, 32>(a, drop, batch, heads, max_sq, optin, st, shape);
+    case 64: return fa::fwd_sm80_run<T, 64>(a, drop, batch, heads, max_sq, optin, st, shape);
+    case 96: return fa::fwd_sm80_run<T, 96>(a, drop, batch, heads, max_sq, optin, st, shape);
+    case 128: return fa::fwd_sm80_run<T, 128>(a, drop, batch, heads, max_sq, optin, st, shape);
+    case 192: return fa::fwd_sm80_run<T, 192>(a, drop, batch, heads, max_sq, optin, st, shape);
+    default: return fa::fwd_sm80_run<T, 256>(a, drop, batch, heads, max_sq, optin, st, shape);
     }
 }
 
@@ -55,16 +55,20 @@ extern "C" fa_status fa_sm80_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.group = (int)p->group;
     a.d = (int)p->d;
     a.m = fa::score_mods_of(p);
+    const bool drop = p->drop_p > 0; /* the dispatcher bounded the counter words (dispatch.c) */
+    a.drop.d = fa_drop_init(p->drop_seed, p->drop_offset, p->drop_p);
+    a.drop.scale = fa_drop_scale(p->drop_p);
+    a.drop.heads_q = (int)p->heads_q;
 
     const int D = fa_cuda_kernel_dim(p->d);
     const cudaStream_t st = (cudaStream_t)l->stream;
     const int batch = (int)p->batch, heads = (int)p->heads_q, max_sq = (int)p->seqlen_q;
     fa::FwdShape shape = {0, 0, 0};
     cudaError_t e = p->dtype == FA_DTYPE_BF16
-                        ? run_dim<__nv_bfloat16>(D, a, batch, heads, max_sq, l->smem_optin, st, &shape)
-                        : run_dim<__half>(D, a, batch, heads, max_sq, l->smem_optin, st, &shape);
-    snprintf(l->kernel, sizeof l->kernel, "sm80_fwd_d%d_%s%s", D, fa_dtype_name(p->dtype),
-             fa_cuda_mask_name(p));
+                        ? run_dim<__nv_bfloat16>(D, a, drop, batch, heads, max_sq, l->smem_optin, st, &shape)
+                        : run_dim<__half>(D, a, drop, batch, heads, max_sq, l->smem_optin, st, &shape);
+    snprintf(l->kernel, sizeof l->kernel, "sm80_fwd_d%d_%s%s%s", D, fa_dtype_name(p->dtype),
+             fa_cuda_mask_name(p), drop ? "_dropout" : "");
     l->tile_q = shape.bm;
     l->tile_k = shape.bn;
     l->threads = shape.threads;

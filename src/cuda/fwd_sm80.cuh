@@ -15,12 +15,19 @@
  * Key tiles are visited from the last visible one down to the first; tiles no row of the block
  * can see (causal, windows) are never loaded. Only tiles that straddle a mask edge or the end
  * of the sequence pay for per-element masking.
+ *
+ * Dropout (DROP, a template parameter so that the kernels without it are unchanged): P enters
+ * P V times its factor (dropout_sm80.cuh: 0 or 1 / (1 - p)), after the row sum has taken it
+ * undropped, so l and LSE are the plain softmax's, as the CPU backend's (cpu/fwd_tiled.c).
  */
 #ifndef FA_CUDA_FWD_SM80_CUH
 #define FA_CUDA_FWD_SM80_CUH
 
 #include <math.h>
 
+#include <type_traits>
+
+#include "dropout_sm80.cuh"
 #include "kernels.h"
 #include "ptx.cuh"
 #include "score_mods.cuh"
@@ -38,6 +45,7 @@ struct FwdArgs {
     const int *cu_q, *cu_k;
     int seqlen_q, seqlen_k, group, d;
     ScoreMods m;
+    DropArgs drop; /* read by the DROP kernels only */
 };
 
 template <int D_, int BM_, int BN_, int NW_> struct FwdCfg {
@@ -84,7 +92,7 @@ __device__ __forceinline__ void load_tile(uint32_t smem, const char *gbase, int6
     }
 }
 
-template <typename T, typename C>
+template <typename T, typename C, bool DROP>
 __global__ void __launch_bounds__(C::THREADS)
     fwd_sm80_kernel(const __grid_constant__ FwdArgs a) {
     constexpr int D = C::D, BM = C::BM, BN = C::BN, LD = C::LD;
@@ -261,14 +269,24 @@ __global__ void __launch_bounds__(C::THREADS)
                     rescale |= alphas[i][hr] != 1.f;
                 }
                 float sum[2] = {0.f, 0.f};
+                /* dropout: the keep bits of this m16 x BN piece (rows in sequence terms) */
+                uint32_t keep[2][(NT + 7) / 8];
+                if constexpr (DROP)
+                    drop_bits<NT>(a.drop.d, (uint32_t)(b * a.drop.heads_q + h),
+                                  (uint32_t)(row0 + warp * C::WM + i * 16 + g), (uint32_t)kcol0,
+                                  lane, keep);
                 with_row_exp(m_use, [&](auto ex) {
 #pragma unroll
                     for (int j = 0; j < NT; j++)
 #pragma unroll
                         for (int hr = 0; hr < 2; hr++) {
-                            const float p0 = ex(hr, s[i][j][hr * 2], mul, m_use[hr]);
-                            const float p1 = ex(hr, s[i][j][hr * 2 + 1], mul, m_use[hr]);
-                            sum[hr] += p0 + p1;
+                            float p0 = ex(hr, s[i][j][hr * 2], mul, m_use[hr]);
+                            float p1 = ex(hr, s[i][j][hr * 2 + 1], mul, m_use[hr]);
+                            sum[hr] += p0 + p1; /* undropped: l is the softmax's */
+                            if constexpr (DROP) {
+                                p0 *= drop_factor<NT>(keep, hr, j, 0, a.drop.scale);
+                                p1 *= drop_factor<NT>(keep, hr, j, 1, a.drop.scale);
+                            }
                             /* C tile j, row half hr -> A fragment (k step j/2), register
                                hr + 2 * (j % 2) (see ptx.cuh) */
                             pa[i][j / 2][hr + 2 * (j % 2)] = pack2<T>(p0, p1);
@@ -352,10 +370,10 @@ __global__ void __launch_bounds__(C::THREADS)
 }
 
 /* Launches one configuration; returns the CUDA error (cudaSuccess when queued). */
-template <typename T, typename C>
+template <typename T, typename C, bool DROP>
 cudaError_t fwd_sm80_launch(const FwdArgs &a, int batch, int heads, int max_sq,
                             cudaStream_t stream) {
-    auto kern = fwd_sm80_kernel<T, C>;
+    auto kern = fwd_sm80_kernel<T, C, DROP>;
     cudaError_t e = (cudaError_t)fa_cuda_smem_limit((const void *)kern, (int)C::SMEM);
     if (e != cudaSuccess) return e;
     dim3 grid((max_sq + C::BM - 1) / C::BM, heads, batch);
@@ -382,6 +400,15 @@ template <> struct FwdTiles<256> {
     using Small = FwdCfg<256, 64, 32, 4>;
 };
 
+/* The shape of the dropout kernels where Big spills with the Philox work added (ptxas -v):
+   d 96 and 128 (two m16 tiles per warp, a 64-key S) take 32-key tiles, as FlashAttention-2's
+   dropout forward does, and d 32 64-key ones, which frees the S registers the generator
+   needs. Elsewhere Big. */
+template <int D> struct FwdDropTile { using type = typename FwdTiles<D>::Big; };
+template <> struct FwdDropTile<32> { using type = FwdCfg<32, 128, 64, 4>; };
+template <> struct FwdDropTile<96> { using type = FwdCfg<96, 128, 32, 4>; };
+template <> struct FwdDropTile<128> { using type = FwdCfg<128, 128, 32, 4>; };
+
 struct FwdShape {
     int bm, bn, threads;
 };
@@ -389,21 +416,33 @@ struct FwdShape {
 /* Runs the kernel for head dim D (defined in fwd_sm80_d<D>.cu, one file per D so they build
    in parallel). */
 template <typename T, int D>
-cudaError_t fwd_sm80_run(const FwdArgs &a, int batch, int heads, int max_sq, size_t smem_optin,
-                         cudaStream_t stream, FwdShape *shape);
+cudaError_t fwd_sm80_run(const FwdArgs &a, bool drop, int batch, int heads, int max_sq,
+                         size_t smem_optin, cudaStream_t stream, FwdShape *shape);
 
 #define FA_FWD_SM80_DEFINE(T, D)                                                              \
     template <>                                                                               \
-    cudaError_t fwd_sm80_run<T, D>(const FwdArgs &a, int batch, int heads, int max_sq,        \
-                                   size_t smem_optin, cudaStream_t stream, FwdShape *shape) { \
+    cudaError_t fwd_sm80_run<T, D>(const FwdArgs &a, bool drop, int batch, int heads,         \
+                                   int max_sq, size_t smem_optin, cudaStream_t stream,        \
+                                   FwdShape *shape) {                                         \
         using Big = FwdTiles<D>::Big;                                                         \
         using Small = FwdTiles<D>::Small;                                                     \
+        using BigDrop = FwdDropTile<D>::type;                                                 \
+        /* where Small is Big, its dropout variant is BigDrop's shape too */                  \
+        using SmallDrop = std::conditional_t<std::is_same_v<Small, Big>, BigDrop, Small>;     \
+        if (Big::SMEM <= smem_optin && drop) {                                                \
+            *shape = FwdShape{BigDrop::BM, BigDrop::BN, BigDrop::THREADS};                    \
+            return fwd_sm80_launch<T, BigDrop, true>(a, batch, heads, max_sq, stream);        \
+        }                                                                                     \
         if (Big::SMEM <= smem_optin) {                                                        \
             *shape = FwdShape{Big::BM, Big::BN, Big::THREADS};                                \
-            return fwd_sm80_launch<T, Big>(a, batch, heads, max_sq, stream);                  \
+            return fwd_sm80_launch<T, Big, false>(a, batch, heads, max_sq, stream);           \
+        }                                                                                     \
+        if (drop) {                                                                           \
+            *shape = FwdShape{SmallDrop::BM, SmallDrop::BN, SmallDrop::THREADS};              \
+            return fwd_sm80_launch<T, SmallDrop, true>(a, batch, heads, max_sq, stream);      \
         }                                                                                     \
         *shape = FwdShape{Small::BM, Small::BN, Small::THREADS};                              \
-        return fwd_sm80_launch<T, Small>(a, batch, heads, max_sq, stream);                    \
+        return fwd_sm80_launch<T, Small, false>(a, batch, heads, max_sq, stream);             \
     }
 
 } // namespace fa
