@@ -292,8 +292,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                    0 <= cache_leftpad[b] <= cache_seqlens[b]. Contiguous caches only (with
                    block_table flashattn refuses it, as flash_attn does). Rotary positions are
                    cache rows counted from 0, not from the pad (flash_attn's rule).
-    rotary / cache_leftpad are refused under torch.compile tracing (the traced custom op does
-    not take them yet).
     """
     ext = _native.ext
     tracing = _tracing()
@@ -305,18 +303,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             rotary_interleaved, cache_leftpad)
         if r is not NotImplemented:
             return r if return_softmax_lse else r[0]
-    fused = rotary_cos is not None or rotary_sin is not None or cache_leftpad is not None
     opts = _core.Options(softmax_scale, causal, window_size, softcap, alibi_slopes,
                          descales=(q_descale, k_descale, v_descale))
-    if tracing and fused:
-        raise NotImplementedError(
-            "flash_attn_with_kvcache(rotary_cos=, rotary_sin=, cache_leftpad=) under "
-            "torch.compile / torch.export: the traced custom op does not take them yet; call "
-            "it eagerly, or rotate q and k before the call")
     if tracing:
         from . import _torch_ops
         return _torch_ops.kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx,
-                                  block_table, opts, num_splits, return_softmax_lse)
+                                  block_table, opts, num_splits, return_softmax_lse,
+                                  rotary_cos, rotary_sin, rotary_interleaved, cache_leftpad)
     out, lse = _kvcache.kvcache_forward(q, k_cache, v_cache, k, v, cache_seqlens,
                                         cache_batch_idx, block_table, num_splits,
                                         bool(return_softmax_lse), _opts=opts,
