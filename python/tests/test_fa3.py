@@ -152,17 +152,17 @@ torch = pytest.importorskip("torch")
 CUDA = torch.cuda.is_available() and flashattn.has_cuda()
 
 
-@pytest.mark.skipif(not CUDA, reason="no CUDA device")
-def test_fa3_paths_torch_cuda(rng, seed):
-    """The paged varlen, seqused and combine paths on CUDA tensors give the numpy (CPU) results
-    within fp32 rounding of a different kernel."""
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
+def test_fa3_paths_torch(device, rng, seed):
+    """The paged varlen and seqused paths on torch tensors (CPU; CUDA when present) give the
+    numpy results within fp32 rounding of another kernel; seqused keeps autograd."""
     lens_q, lens_k = [3, 0, 11, 1], [10, 5, 23, 1]
     pool_k, pool_v, table, _, _ = _paged(rng, lens_k, 16)
     cq = cu(lens_q)
     q = _rand(rng, (cq[-1], H, D))
     ref = flash_attn_varlen_func(q, pool_k, pool_v, cq, causal=True, block_table=table,
                                  seqused_k=np.array(lens_k, np.int32))
-    c = lambda x: torch.from_numpy(np.ascontiguousarray(x)).cuda()  # noqa: E731
+    c = lambda x: torch.from_numpy(np.ascontiguousarray(x)).to(device)  # noqa: E731
     got = flash_attn_varlen_func(c(q), c(pool_k), c(pool_v), c(cq), causal=True,
                                  block_table=c(table), seqused_k=c(np.array(lens_k, np.int32)))
     np.testing.assert_allclose(got.cpu().numpy(), ref, rtol=1e-4, atol=1e-4)
@@ -171,3 +171,8 @@ def test_fa3_paths_torch_cuda(rng, seed):
     ref = flash_attn_varlen_func(q, k, v, cq, ck, 11, 23, seqused_k=used)
     got = flash_attn_varlen_func(c(q), c(k), c(v), c(cq), c(ck), 11, 23, seqused_k=c(used))
     np.testing.assert_allclose(got.cpu().numpy(), ref, rtol=1e-4, atol=1e-4)
+    qt = c(q).requires_grad_(True)
+    got = flash_attn_varlen_func(qt, c(k), c(v), c(cq), c(ck), 11, 23, seqused_k=c(used))
+    got.sum().backward()
+    assert qt.grad is not None and torch.isfinite(qt.grad).all()
+    assert qt.grad[cq[2]:cq[3]].abs().sum() == 0  # sequence 2 uses no key and qt.grad.abs().sum() > 0
