@@ -22,7 +22,8 @@ def _host(x, name):
         return None
     if is_torch(x):
         return [int(v) for v in x.detach().cpu().reshape(-1).tolist()]
-    return [int(v) for v in list(x.reshape(-1))]
+    import numpy as np
+    return [int(v) for v in np.asarray(x).reshape(-1)]  # numpy arrays and plain sequences
 
 
 def _index(like, rows):

@@ -185,7 +185,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
     """Variable-length attention: q (total_q, nheads, headdim), k, v (total_k, nheads_k,
     headdim), sequence b being rows cu_seqlens[b]..cu_seqlens[b+1]-1 (int32 prefix sums,
     batch + 1 values; empty sequences allowed). Masks align each sequence's own corner.
-    max_seqlen_q / max_seqlen_k None: taken from the cu_seqlens (a host read).
+    max_seqlen_q / max_seqlen_k None or 0: the library takes them from the cu_seqlens.
     FP8 q, k, v with q/k/v_descale (batch, nheads_k), batch = len(cu_seqlens_q) - 1: see the
     top of flash_attn_interface (output bfloat16).
 
@@ -226,12 +226,6 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
         out, lse = _fa3.varlen_seqused(call, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q,
                                        seqused_k, bool(return_attn_probs))
         return (out, lse, None) if return_attn_probs else out
-    if max_seqlen_q is None or max_seqlen_k is None:
-        mq, mk = (max((b - a for a, b in zip(c, c[1:])), default=0)
-                  for c in (_fa3._host(cu_seqlens_q, "cu_seqlens_q"),
-                            _fa3._host(cu_seqlens_k, "cu_seqlens_k")))
-        max_seqlen_q = mq if max_seqlen_q is None else max_seqlen_q
-        max_seqlen_k = mk if max_seqlen_k is None else max_seqlen_k
     ext = _native.ext
     if (ext is not None and not dropout_p and not return_attn_probs
             and not _tracing() and q_descale is None and k_descale is None
