@@ -202,6 +202,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
     qv, attention_chunk != 0  NotImplementedError."""
     _fa3.check_hints(num_splits, pack_gqa, sm_margin)
     _fa3.refuse(qv=(qv, None), attention_chunk=(attention_chunk, 0))
+    if _tracing() and (block_table is not None or seqused_q is not None
+                       or seqused_k is not None):
+        # these paths read the index arrays on the host to size the packed tensors, which a
+        # traced graph cannot do: an error instead of a graph break
+        raise NotImplementedError("flash_attn_varlen_func(block_table= / seqused_q= / "
+                                  "seqused_k=) under torch.compile / torch.export is not "
+                                  "supported; call it eagerly")
     if block_table is not None:
         return _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q,
                              seqused_k, block_table, dropout_p, softmax_scale, causal,

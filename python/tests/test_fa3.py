@@ -176,3 +176,15 @@ def test_fa3_paths_torch(device, rng, seed):
     got.sum().backward()
     assert qt.grad is not None and torch.isfinite(qt.grad).all()
     assert qt.grad[cq[2]:cq[3]].abs().sum() == 0  # sequence 2 uses no key and qt.grad.abs().sum() > 0
+
+
+def test_seqused_refused_under_compile():
+    """The seqused / paged paths size tensors from host reads: under tracing a clear error."""
+    t = torch.zeros((4, H, D))
+    cq = torch.tensor([0, 4], dtype=torch.int32)
+    torch._dynamo.reset()
+    f = torch.compile(lambda q, cq: flash_attn_varlen_func(q, q[:, :HK], q[:, :HK], cq, cq, 4,
+                                                            4, seqused_k=cq[1:]),
+                      fullgraph=True, backend="aot_eager")
+    with pytest.raises(Exception, match="seqused_k=\\) under torch.compile"):
+        f(t, cq)
