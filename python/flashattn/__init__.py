@@ -22,7 +22,8 @@ from ._quantize import quantize_fp8
 from .flash_attn_interface import (flash_attn_func, flash_attn_kvpacked_func,
                                    flash_attn_qkvpacked_func, flash_attn_varlen_func,
                                    flash_attn_varlen_kvpacked_func,
-                                   flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache)
+                                   flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache,
+                                   flash_attn_combine)
 from . import _native, _tensors, _torch_hook
 
 if _native.ext is not None:
@@ -34,7 +35,7 @@ __version__ = "0.2.3"
 __all__ = [
     "flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
     "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func",
-    "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache",
+    "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache", "flash_attn_combine",
     "attention_forward", "attention_backward", "merge_attn", "dropout_mask", "quantize_fp8",
     "FlashAttnError", "FlashAttnArgumentError", "LibraryNotFound",
     "Selection", "last_selection", "set_options", "get_options",

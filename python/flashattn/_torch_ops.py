@@ -106,15 +106,22 @@ def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor]
                 softmax_scale: float, causal: bool, window_left: int, window_right: int,
                 softcap: float, alibi_slopes: Optional[Tensor], num_splits: int,
                 q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
-                v_descale: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+                v_descale: Optional[Tensor] = None, rotary_cos: Optional[Tensor] = None,
+                rotary_sin: Optional[Tensor] = None, rotary_interleaved: bool = True,
+                cache_leftpad: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """KV-cache attention with an in-place append: (out, softmax_lse). cache_seqlens_int is
-    used when cache_seqlens is None and it is >= 0 (one length for every sequence)."""
+    used when cache_seqlens is None and it is >= 0 (one length for every sequence). The fused
+    rotary tables and cache_leftpad are op arguments (appended last, defaults as eager) so a
+    traced call keeps them instead of breaking the graph."""
     seqlens = cache_seqlens if cache_seqlens is not None else (
         cache_seqlens_int if cache_seqlens_int >= 0 else None)
     opts = _opts(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                  descales=(q_descale, k_descale, v_descale))
     out, lse = _kvcache.kvcache_forward(q, k_cache, v_cache, k, v, seqlens, cache_batch_idx,
-                                        block_table, num_splits, True, _opts=opts)
+                                        block_table, num_splits, True, _opts=opts,
+                                        rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                                        rotary_interleaved=rotary_interleaved,
+                                        cache_leftpad=cache_leftpad)
     return out, lse
 
 
@@ -144,7 +151,8 @@ def attention(q, k, v, opts, return_lse):
 
 
 def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, opts,
-            num_splits, return_lse):
+            num_splits, return_lse, rotary_cos=None, rotary_sin=None, rotary_interleaved=True,
+            cache_leftpad=None):
     """flash_attn_with_kvcache under tracing."""
     seqlens_int = -1
     if isinstance(cache_seqlens, int):
@@ -153,5 +161,6 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_tab
     out, lse = fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, seqlens_int,
                            cache_batch_idx, block_table, scale, opts.causal, opts.window[0],
                            opts.window[1], opts.softcap, opts.alibi_slopes, int(num_splits),
-                           *_descales(opts))
+                           *_descales(opts), rotary_cos, rotary_sin, bool(rotary_interleaved),
+                           cache_leftpad)
     return (out, lse) if return_lse else out

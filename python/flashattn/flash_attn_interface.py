@@ -21,8 +21,8 @@ Differences from flash_attn, all explicit:
     exp(scores - softmax_lse).
   - A row that sees no key gets out = 0 and softmax_lse = -inf (flash_attn leaves its LSE
     unspecified / +inf for an empty key set).
-  - flash_attn_varlen_func(block_table=...) raises NotImplementedError (the library's paged
-    cache takes BSHD queries: use flash_attn_with_kvcache). flash_attn_with_kvcache takes
+  - flash_attn_varlen_func(block_table=...) runs packed queries against a paged cache as one
+    fa_fwd_kvcache call on bottom-aligned padded queries (forward only). flash_attn_with_kvcache takes
     rotary_cos / rotary_sin / rotary_interleaved and cache_leftpad with flash_attn's meaning
     (cache_leftpad for contiguous caches only, as flash_attn; rotary_dim any even number).
   - softmax_scale = 0 is rejected (ValueError); None means 1/sqrt(head_dim).
@@ -47,7 +47,7 @@ traces a function, it calls the torch.library ops of _torch_ops instead.
 
 import sys
 
-from . import _autograd, _core, _dropout, _fp8, _kvcache, _native, _tensors
+from . import _autograd, _core, _dropout, _fa3, _fp8, _kvcache, _native, _tensors
 
 __all__ = [
     "flash_attn_func",
@@ -57,6 +57,7 @@ __all__ = [
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_with_kvcache",
+    "flash_attn_combine",
 ]
 
 
@@ -129,10 +130,15 @@ _RETURNS = """
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
                     return_attn_probs=False, *, generator=None, q_descale=None, k_descale=None,
-                    v_descale=None):
+                    v_descale=None, num_splits=1, pack_gqa=None, sm_margin=0, qv=None,
+                    attention_chunk=0):
     """Attention of q (batch, seqlen_q, nheads, headdim) over k, v
     (batch, seqlen_k, nheads_k, headdim); nheads a multiple of nheads_k (GQA/MQA).
-    FP8 q, k, v with q/k/v_descale: see the top of flash_attn_interface (output bfloat16)."""
+    FP8 q, k, v with q/k/v_descale: see the top of flash_attn_interface (output bfloat16).
+    FlashAttention-3 keywords: num_splits, pack_gqa, sm_margin are speed hints (checked,
+    no effect on the result); qv and attention_chunk != 0 raise NotImplementedError."""
+    _fa3.check_hints(num_splits, pack_gqa, sm_margin)
+    _fa3.refuse(qv=(qv, None), attention_chunk=(attention_chunk, 0))
     ext = _native.ext
     if (ext is not None and not dropout_p and not return_attn_probs and not _tracing()
             and q_descale is None and k_descale is None and v_descale is None):
@@ -171,18 +177,66 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
     return _run("q,kv", (q, kv), opts, return_attn_probs)
 
 
-def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                           dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                           softcap=0.0, alibi_slopes=None, deterministic=False,
-                           return_attn_probs=False, block_table=None, *, generator=None,
-                           q_descale=None, k_descale=None, v_descale=None):
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None,
+                           max_seqlen_k=None, dropout_p=0.0, softmax_scale=None, causal=False,
+                           window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None, *,
+                           generator=None, q_descale=None, k_descale=None, v_descale=None,
+                           seqused_q=None, seqused_k=None, num_splits=1, pack_gqa=None,
+                           sm_margin=0, qv=None, attention_chunk=0):
     """Variable-length attention: q (total_q, nheads, headdim), k, v (total_k, nheads_k,
     headdim), sequence b being rows cu_seqlens[b]..cu_seqlens[b+1]-1 (int32 prefix sums,
     batch + 1 values; empty sequences allowed). Masks align each sequence's own corner.
+    max_seqlen_q / max_seqlen_k None or 0: the library takes them from the cu_seqlens.
     FP8 q, k, v with q/k/v_descale (batch, nheads_k), batch = len(cu_seqlens_q) - 1: see the
-    top of flash_attn_interface (output bfloat16)."""
+    top of flash_attn_interface (output bfloat16).
+
+    FlashAttention-3 keywords:
+    seqused_q, seqused_k  int32 (batch,): sequence b uses only its first seqused[b] rows
+                   (<= its cu_seqlens span); the rest are not read. Output rows past
+                   seqused_q[b] are 0 and their softmax_lse -inf. Runs as a gather of the
+                   used rows, the varlen call, and a scatter (autograd flows through).
+    block_table    int32 (batch, max_pages): k, v are a paged KV cache (num_pages, page_size,
+                   nheads_k, headdim) as in flash_attn_with_kvcache; sequence b's keys are its
+                   first seqused_k[b] tokens (or cu_seqlens_k[b+1] - cu_seqlens_k[b] when
+                   seqused_k is None). Forward only; dropout is refused.
+    num_splits, pack_gqa, sm_margin  speed hints, checked, no effect on the result.
+    qv, attention_chunk != 0  NotImplementedError."""
+    _fa3.check_hints(num_splits, pack_gqa, sm_margin)
+    _fa3.refuse(qv=(qv, None), attention_chunk=(attention_chunk, 0))
+    if _tracing() and (block_table is not None or seqused_q is not None
+                       or seqused_k is not None):
+        # these paths read the index arrays on the host to size the packed tensors, which a
+        # traced graph cannot do: an error instead of a graph break
+        raise NotImplementedError("flash_attn_varlen_func(block_table= / seqused_q= / "
+                                  "seqused_k=) under torch.compile / torch.export is not "
+                                  "supported; call it eagerly")
+    if block_table is not None:
+        return _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q,
+                             seqused_k, block_table, dropout_p, softmax_scale, causal,
+                             window_size, softcap, alibi_slopes, return_attn_probs,
+                             (q_descale, k_descale, v_descale))
+    if cu_seqlens_k is None:
+        raise ValueError("flash_attn_varlen_func needs cu_seqlens_k (or block_table with "
+                         "seqused_k for a paged KV cache)")
+    if seqused_q is not None or seqused_k is not None:
+        if dropout_p:
+            raise NotImplementedError("dropout_p > 0 with seqused_q / seqused_k is not "
+                                      "supported (the keep mask would be the packed "
+                                      "problem's); drop the unused rows yourself")
+
+        def call(q2, k2, v2, cq, ck, mq, mk):
+            r = flash_attn_varlen_func(q2, k2, v2, cq, ck, mq, mk, 0.0, softmax_scale, causal,
+                                       window_size, softcap, alibi_slopes, deterministic,
+                                       return_attn_probs, q_descale=q_descale,
+                                       k_descale=k_descale, v_descale=v_descale)
+            return (r[0], r[1]) if return_attn_probs else (r, None)
+
+        out, lse = _fa3.varlen_seqused(call, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q,
+                                       seqused_k, bool(return_attn_probs))
+        return (out, lse, None) if return_attn_probs else out
     ext = _native.ext
-    if (ext is not None and not dropout_p and not return_attn_probs and block_table is None
+    if (ext is not None and not dropout_p and not return_attn_probs
             and not _tracing() and q_descale is None and k_descale is None
             and v_descale is None):
         r = ext.fwd(q, k, v, None, None, False, softmax_scale, causal, window_size, softcap,
@@ -190,17 +244,34 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                     None, None)
         if r is not NotImplemented:
             return r[0]
-    if block_table is not None:
-        raise NotImplementedError(
-            "flash_attn_varlen_func(block_table=...): the library's paged KV cache "
-            "(fa_fwd_kvcache) takes (batch, seqlen_q, ...) queries, not varlen ones; use "
-            "flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=..., block_table=...) "
-            "with q padded to one seqlen_q")
     opts = _core.Options(softmax_scale, causal, window_size, softcap, alibi_slopes,
                          cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, deterministic,
                          _dropout.draw(dropout_p, (q, k, v), generator),
                          (q_descale, k_descale, v_descale))
     return _run("q,k,v", (q, k, v), opts, return_attn_probs)
+
+
+def _paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q,
+                  seqused_k, block_table, dropout_p, softmax_scale, causal, window_size,
+                  softcap, alibi_slopes, return_attn_probs, descales):
+    """flash_attn_varlen_func(block_table=...): one fa_fwd_kvcache call on bottom-aligned
+    padded queries (see _fa3.paged_varlen)."""
+    if dropout_p:
+        raise NotImplementedError("dropout_p > 0 with block_table (a paged KV cache) is not "
+                                  "supported: the paged call is for inference, as in flash_attn")
+
+    def kvcache(qp, seqlens):
+        return flash_attn_with_kvcache(qp, k_cache, v_cache, cache_seqlens=seqlens,
+                                       block_table=block_table, softmax_scale=softmax_scale,
+                                       causal=causal, window_size=window_size, softcap=softcap,
+                                       alibi_slopes=alibi_slopes, return_softmax_lse=True,
+                                       q_descale=descales[0], k_descale=descales[1],
+                                       v_descale=descales[2])
+
+    out, lse = _fa3.paged_varlen(kvcache, q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k,
+                                 max_seqlen_q, seqused_k, seqused_q, block_table,
+                                 bool(return_attn_probs))
+    return (out, lse, None) if return_attn_probs else out
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
@@ -235,7 +306,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
                             return_softmax_lse=False, *, q_descale=None, k_descale=None,
-                            v_descale=None):
+                            v_descale=None, page_table=None, pack_gqa=None, sm_margin=0,
+                            qv=None, attention_chunk=0, scheduler_metadata=None,
+                            rotary_seqlens=None, cu_seqlens_q=None, cu_seqlens_k_new=None,
+                            max_seqlen_q=None):
     """Attention of a few new query tokens per sequence against a KV cache (decoding,
     speculative decoding, chunked prefill), appending k, v into the cache first (in place).
 
@@ -294,9 +368,19 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                    0 <= cache_leftpad[b] <= cache_seqlens[b]. Contiguous caches only (with
                    block_table flashattn refuses it, as flash_attn does). Rotary positions are
                    cache rows counted from 0, not from the pad (flash_attn's rule).
-    rotary / cache_leftpad are refused under torch.compile tracing (the traced custom op does
-    not take them yet).
     """
+    # FlashAttention-3 keywords: page_table is block_table's FA3 name; pack_gqa, sm_margin
+    # are speed hints; the rest change the problem and are refused by name.
+    if page_table is not None:
+        if block_table is not None:
+            raise ValueError("block_table and page_table are the same argument (FA2 / FA3 "
+                             "names): pass one")
+        block_table = page_table
+    _fa3.check_hints(0, pack_gqa, sm_margin)  # num_splits is checked where it is used
+    _fa3.refuse(qv=(qv, None), attention_chunk=(attention_chunk, 0),
+                scheduler_metadata=(scheduler_metadata, None),
+                rotary_seqlens=(rotary_seqlens, None), cu_seqlens_q=(cu_seqlens_q, None),
+                cu_seqlens_k_new=(cu_seqlens_k_new, None), max_seqlen_q=(max_seqlen_q, None))
     ext = _native.ext
     tracing = _tracing()
     if (ext is not None and not tracing and cache_batch_idx is None and q_descale is None
@@ -307,18 +391,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             rotary_interleaved, cache_leftpad)
         if r is not NotImplemented:
             return r if return_softmax_lse else r[0]
-    fused = rotary_cos is not None or rotary_sin is not None or cache_leftpad is not None
     opts = _core.Options(softmax_scale, causal, window_size, softcap, alibi_slopes,
                          descales=(q_descale, k_descale, v_descale))
-    if tracing and fused:
-        raise NotImplementedError(
-            "flash_attn_with_kvcache(rotary_cos=, rotary_sin=, cache_leftpad=) under "
-            "torch.compile / torch.export: the traced custom op does not take them yet; call "
-            "it eagerly, or rotate q and k before the call")
     if tracing:
         from . import _torch_ops
         return _torch_ops.kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx,
-                                  block_table, opts, num_splits, return_softmax_lse)
+                                  block_table, opts, num_splits, return_softmax_lse,
+                                  rotary_cos, rotary_sin, rotary_interleaved, cache_leftpad)
     out, lse = _kvcache.kvcache_forward(q, k_cache, v_cache, k, v, cache_seqlens,
                                         cache_batch_idx, block_table, num_splits,
                                         bool(return_softmax_lse), _opts=opts,
@@ -326,6 +405,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                         rotary_interleaved=rotary_interleaved,
                                         cache_leftpad=cache_leftpad)
     return (out, lse) if return_softmax_lse else out
+
+
+def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
+    """FlashAttention-3's combine of split results, on merge_attn (fa_merge_attn):
+    out_partial (num_splits, batch, seqlen, nheads, headdim) or varlen (num_splits, total,
+    nheads, headdim), lse_partial fp32 (num_splits, batch, seqlen, nheads) or (num_splits,
+    total, nheads); out an optional buffer, out_dtype the dtype of a new out (default
+    out_partial's). Returns (out, softmax_lse), softmax_lse (batch, seqlen, nheads)
+    [(total, nheads)], a transposed view as in FA3. A split whose lse is -inf carries no
+    weight; a row no split saw gets out 0 and lse -inf."""
+    return _fa3.combine(_kvcache.merge_attn, out_partial, lse_partial, out, out_dtype)
 
 
 for _f in (flash_attn_func, flash_attn_qkvpacked_func, flash_attn_kvpacked_func,

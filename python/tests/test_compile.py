@@ -146,3 +146,36 @@ def test_opcheck(device, gen):
     torch.library.opcheck(ops.fwd_kvcache.default,
                           (q.detach()[:, :1], kc, vc, kn, vn, seqlens, -1, None, None, 0.25,
                            True, -1, 0, 0.0, None, 0))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_compiled_kvcache_rotary_and_leftpad(device, interleaved, gen):
+    """rotary_cos / rotary_sin / rotary_interleaved / cache_leftpad trace into the op (no graph
+    break) and give the eager results bit for bit, caches included; the eager call is checked
+    against the float64 reference in test_kvcache. The rotation must matter (a call without
+    it differs), so a traced op that dropped the tables would fail."""
+    torch._dynamo.reset()
+    b, h, hk, d, rd, cap = 3, 4, 2, 16, 10, 37
+    kc, vc = _randn((b, cap, hk, d), device, gen), _randn((b, cap, hk, d), device, gen)
+    q, kn, vn = (_randn((b, 3, n, d), device, gen) for n in (h, hk, hk))
+    ang = torch.rand((cap, rd // 2), generator=gen, dtype=torch.float32) * 6.0
+    cos, sin = ang.cos().to(device, _dtype(device)), ang.sin().to(device, _dtype(device))
+    seqlens = torch.tensor([5, 30, 11], dtype=torch.int32, device=device)
+    pad = torch.tensor([2, 0, 11], dtype=torch.int32, device=device)
+
+    def call(q, kc, vc, kn, vn, seqlens, cos, sin, pad):
+        return flash_attn_with_kvcache(q, kc, vc, kn, vn, rotary_cos=cos, rotary_sin=sin,
+                                       cache_seqlens=seqlens, cache_leftpad=pad, causal=True,
+                                       rotary_interleaved=interleaved, return_softmax_lse=True)
+
+    kc2, vc2, kc3, vc3 = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+    out, lse = torch.compile(call, fullgraph=True, backend="aot_eager")(
+        q, kc, vc, kn, vn, seqlens, cos, sin, pad)
+    ref, ref_lse = call(q, kc2, vc2, kn, vn, seqlens, cos, sin, pad)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    torch.testing.assert_close(lse, ref_lse, rtol=0, atol=0)
+    torch.testing.assert_close(kc, kc2, rtol=0, atol=0)
+    plain = flash_attn_with_kvcache(q, kc3, vc3, kn, vn, cache_seqlens=seqlens,
+                                    cache_leftpad=pad, causal=True)
+    assert (plain - out).abs().max() > 1e-2

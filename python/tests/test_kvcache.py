@@ -386,11 +386,6 @@ def lib_error(status_name, fragment, fn, *args, **kw):
     return e.value
 
 
-def test_unsupported_arguments():
-    with pytest.raises(NotImplementedError, match="flash_attn_with_kvcache"):
-        flashattn.flash_attn_varlen_func(Q[0], KC[0], KC[0], [0, 1], [0, 8], 1, 8,
-                                         block_table=np.zeros((1, 1), np.int32))
-
 
 def test_python_argument_errors():
     f = flashattn.flash_attn_with_kvcache
