@@ -340,6 +340,10 @@ struct fa_context {
        schedule (FLASHATTN_CPU_BWD_SCHEDULE: 0 the choice, 1 one-pass, 2 two-pass), read once
        when the context is created */
     int cpu_f32_amx, cpu_bwd_schedule;
+    /* CPU: the FLOPs below which a call runs without a thread team (cpu/team.h;
+       FLASHATTN_CPU_SMALL_FLOPS, read when the context is created: tests and the bench set 0
+       to force the team path on a small call) */
+    double cpu_small_flops;
     int has_selection;
     fa_selection sel;
     char err[FA_ERRMSG_LEN];

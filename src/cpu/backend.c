@@ -229,16 +229,19 @@ const fa_cpu_isa_ops *fa_cpu_isa_kv_level(const fa_cpu_isa_ops *isa) {
 
 static _Thread_local struct {
     int f32_amx, bwd_schedule;
-} tl_switches = {1, 0};
+    double small_flops;
+} tl_switches = {1, 0, FA_CPU_SMALL_FLOPS};
 
 /* The calling context's switches for the levels' tests and the schedule (isa.h). */
 static void use_switches(const fa_context *ctx) {
     tl_switches.f32_amx = ctx->cpu_f32_amx;
     tl_switches.bwd_schedule = ctx->cpu_bwd_schedule;
+    tl_switches.small_flops = ctx->cpu_small_flops;
 }
 
 int fa_cpu_f32_amx_enabled(void) { return tl_switches.f32_amx; }
 int fa_cpu_bwd_schedule_forced(void) { return tl_switches.bwd_schedule; }
+double fa_cpu_small_flops(void) { return tl_switches.small_flops; }
 
 /* Reads the CPU switches once per context. */
 static fa_status cpu_ctx_init(fa_context *ctx) {
@@ -249,6 +252,20 @@ static fa_status cpu_ctx_init(fa_context *ctx) {
                             : strcmp(sched, "one-pass") == 0 ? 1
                             : strcmp(sched, "two-pass") == 0 ? 2
                                                              : 0;
+    /* a number >= 0 (0: every call gets the team); anything else refuses the context, so a
+       mistyped value cannot silently leave the default in place */
+    ctx->cpu_small_flops = FA_CPU_SMALL_FLOPS;
+    const char *small = getenv("FLASHATTN_CPU_SMALL_FLOPS");
+    if (small && *small) {
+        char *end;
+        const double v = strtod(small, &end);
+        if (*end || !(v >= 0) || v > 1e30)
+            return fa_fail(NULL, FA_ERR_INVALID_ARGUMENT,
+                           "fa_context_create: FLASHATTN_CPU_SMALL_FLOPS=%.40s is not a number "
+                           "of FLOPs >= 0",
+                           small);
+        ctx->cpu_small_flops = v;
+    }
     return FA_OK;
 }
 
@@ -418,6 +435,7 @@ static fa_status cpu_bwd(fa_context *ctx, const fa_problem *p, void *ws, size_t 
 
 static fa_status cpu_kv_plan(fa_context *ctx, const fa_problem *p, fa_cpu_kv_plan *plan,
                              const fa_cpu_isa_ops **isa) {
+    use_switches(ctx);
     if (ctx->algo != FA_ALGO_AUTO)
         return fa_fail(ctx, FA_ERR_UNSUPPORTED,
                        "fa_fwd_kvcache: the naive and plain reference algorithms serve fa_fwd "
@@ -461,6 +479,7 @@ static fa_status cpu_fwd_kvcache(fa_context *ctx, const fa_problem *p, void *ws,
 }
 
 static fa_status cpu_merge(fa_context *ctx, const fa_merge_problem *m) {
+    use_switches(ctx);
     const int threads = fa_cpu_team(fa_cpu_threads(ctx), fa_cpu_merge_flops(m));
     fa_cpu_merge(m, threads);
     char name[64];

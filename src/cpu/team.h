@@ -17,10 +17,15 @@
 /* The work below which a team costs more than it gains: 2^20 FLOPs (see above). */
 #define FA_CPU_SMALL_FLOPS 1048576.0
 
+/* The calling context's threshold (FA_CPU_SMALL_FLOPS unless FLASHATTN_CPU_SMALL_FLOPS set
+   another when it was created; set per call by the backend, like the switches of isa.h):
+   one knob, so that a test can run the same small call with and without a team. */
+double fa_cpu_small_flops(void);
+
 /* The threads a call of `flops` floating-point operations runs on: 1 when small, else the
    context's. */
 static inline int fa_cpu_team(int threads, double flops) {
-    return flops < FA_CPU_SMALL_FLOPS || threads < 1 ? 1 : threads;
+    return flops < fa_cpu_small_flops() || threads < 1 ? 1 : threads;
 }
 
 /* item(arg, w) for w in [0, n): in order on the calling thread when threads <= 1 (no OpenMP
