@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# bench/fuzz_bg.sh — the libFuzzer target on a lent machine's idle CPU cores while a GPU call
+# runs (issue 42 counts executions toward 10 million):
+#   bench/fuzz_bg.sh start WORKERS SECONDS   builds build-fuzz (scripts/fuzz.sh, clang) and
+#                                            starts WORKERS independent fuzzing processes in
+#                                            the background for SECONDS, logs in $FUZZ_LOGS
+#   bench/fuzz_bg.sh report                  waits for them, then prints the executions summed
+#                                            over the workers and any crash file
+# Findings land in $FUZZ_BUILD/artifacts/ (default build-fuzz) (copy them out with the call's $OUT).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+logs=${FUZZ_LOGS:-/tmp/fuzz-logs}
+case "${1:-}" in
+start)
+  workers=${2:?workers} seconds=${3:?seconds}
+  mkdir -p "$logs"
+  # build only (a zero-second run), then the workers; -jobs=-workers: one process each
+  FUZZ_SECONDS=1 JOBS=$(nproc) scripts/fuzz.sh -runs=0 >"$logs/build.log" 2>&1 ||
+    { echo "fuzz_bg: build failed (tail of $logs/build.log):"; tail -5 "$logs/build.log"; exit 1; }
+  rm -f fuzz-*.log # libFuzzer writes fuzz-<job>.log into the repository root (fuzz.sh's cwd)
+  (FUZZ_SECONDS=$seconds JOBS=$(nproc) nohup scripts/fuzz.sh -jobs="$workers" \
+    -workers="$workers" >"$logs/main.log" 2>&1 &)
+  echo "fuzz_bg: $workers workers for ${seconds}s, logs in $logs"
+  ;;
+report)
+  while pgrep -f "fuzz/fuzz_api" >/dev/null; do sleep 2; done
+  mv fuzz-*.log "$logs"/ 2>/dev/null
+  execs=$(cat "$logs"/fuzz-*.log 2>/dev/null | grep -o "stat::number_of_executed_units: *[0-9]*" |
+    awk '{s += $2} END {print s + 0}')
+  echo "fuzz_bg: $execs executions over $(ls "$logs"/fuzz-*.log 2>/dev/null | wc -l) workers"
+  ls "${FUZZ_BUILD:-build-fuzz}"/artifacts/ 2>/dev/null | sed 's/^/fuzz_bg: finding /'
+  grep -h "ERROR\|SUMMARY" "$logs"/fuzz-*.log 2>/dev/null | sort | uniq -c | head -5
+  ;;
+*) echo "usage: bench/fuzz_bg.sh start WORKERS SECONDS | report" >&2; exit 2 ;;
+esac
