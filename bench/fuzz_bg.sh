@@ -15,10 +15,10 @@ start)
   workers=${2:?workers} seconds=${3:?seconds}
   mkdir -p "$logs"
   # build only (a zero-second run), then the workers; -jobs=-workers: one process each
-  FUZZ_SECONDS=1 JOBS=$(nproc) scripts/fuzz.sh -runs=0 >"$logs/build.log" 2>&1 ||
+  CC=${FUZZ_CC:-clang} FUZZ_SECONDS=1 JOBS=$(nproc) scripts/fuzz.sh -runs=0 >"$logs/build.log" 2>&1 ||
     { echo "fuzz_bg: build failed (tail of $logs/build.log):"; tail -5 "$logs/build.log"; exit 1; }
   rm -f fuzz-*.log # libFuzzer writes fuzz-<job>.log into the repository root (fuzz.sh's cwd)
-  (FUZZ_SECONDS=$seconds JOBS=$(nproc) nohup scripts/fuzz.sh -jobs="$workers" \
+  (CC=${FUZZ_CC:-clang} FUZZ_SECONDS=$seconds JOBS=$(nproc) nohup scripts/fuzz.sh -jobs="$workers" \
     -workers="$workers" >"$logs/main.log" 2>&1 &)
   echo "fuzz_bg: $workers workers for ${seconds}s, logs in $logs"
   ;;
