@@ -27,7 +27,8 @@ def reference(q, k, v, keep, p, causal):
         i = torch.arange(sq, device=q.device)[:, None]
         j = torch.arange(sk, device=q.device)[None, :]
         s = s.masked_fill(j > i + sk - sq, -math.inf)
-    pr = torch.softmax(s, dim=-1) * keep.double() / (1 - p)
+    # a row that sees no key (causal with sq > sk) has out 0, as the library defines it
+    pr = torch.softmax(s, dim=-1).nan_to_num(0.0) * keep.double() / (1 - p)
     return torch.einsum("bhij,bjhd->bihd", pr, v)
 
 
@@ -152,7 +153,7 @@ def reference_low(q, k, v, keep, p, causal, dt=None):
         i = torch.arange(sq, device=q.device)[:, None]
         j = torch.arange(sk, device=q.device)[None, :]
         s = s.masked_fill(j > i + sk - sq, -math.inf)
-    pr = (torch.softmax(s, dim=-1) * keep.float() / (1 - p)).to(dt).float()
+    pr = (torch.softmax(s, dim=-1).nan_to_num(0.0) * keep.float() / (1 - p)).to(dt).float()
     return torch.einsum("bhij,bjhd->bihd", pr, vf).to(dt)
 
 
