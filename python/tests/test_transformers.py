@@ -425,14 +425,26 @@ def test_padding_mask_function():
 
 # ---- what is refused, and how ----
 
-def test_dropout_only_refused_when_used(torch_seed):
-    ours, _, _ = build("llama", "cpu", attention_dropout=0.1)
-    ids, mask = batch("cpu", "left", s=16)
+@pytest.mark.parametrize("pad", ["left", "none"])
+def test_attention_dropout_in_training(torch_seed, pad):
+    """attention_dropout reaches the library in train(): the logits depend on torch's seed
+    (the same seed, the same logits), differ from eval()'s, and the backward runs; eval()
+    drops nothing."""
+    ours, _, _ = build("llama", "cpu", attention_dropout=0.5)
+    ids, mask = batch("cpu", pad, s=16)
     with torch.no_grad():
-        ours.eval()(ids, attention_mask=mask)             # eval: dropout is 0, runs
+        e1, e2 = (ours.eval()(ids, attention_mask=mask).logits for _ in range(2))
+    assert torch.equal(e1, e2)
     ours.train()
-    with pytest.raises(NotImplementedError, match="dropout"):
-        ours(ids, attention_mask=mask)
+    runs = []
+    for seed in (1, 1, 2):
+        torch.manual_seed(seed)
+        runs.append(ours(ids, attention_mask=mask).logits)
+    assert torch.equal(runs[0], runs[1])
+    assert not torch.allclose(runs[0], runs[2]) and not torch.allclose(runs[0], e1)
+    runs[0].float().pow(2).mean().backward()
+    grads = [p.grad for p in ours.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
 
 
 def test_output_attentions_refused(torch_seed):

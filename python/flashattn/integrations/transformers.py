@@ -86,11 +86,14 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     """AttentionInterface entry. query (batch, heads, q_len, d), key/value (batch, kv_heads,
     kv_len, d); returns (output (batch, q_len, heads, d), None): flashattn computes no
     attention weights."""
-    _refuse_unsupported(dropout, kwargs)
+    _refuse_unsupported(kwargs)
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
+    # transformers passes the config's attention_dropout in training and 0 in eval(); the
+    # mask's seed comes from torch's generator, as flash_attn_func draws it
     options = dict(softmax_scale=scaling, causal=bool(is_causal),
-                   window_size=_window(sliding_window), softcap=float(softcap or 0.0))
+                   window_size=_window(sliding_window), softcap=float(softcap or 0.0),
+                   dropout_p=float(dropout or 0.0))
     # transformers' layout is (batch, heads, seq, d), ours (batch, seq, heads, d): the library
     # reads strided views, so a transpose costs nothing. GQA needs no repeat either: heads may
     # be any multiple of kv_heads.
@@ -105,13 +108,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     return (out if v_dim is None else out[..., :v_dim]), None
 
 
-def _refuse_unsupported(dropout, kwargs):
+def _refuse_unsupported(kwargs):
     """Errors for what the library can't compute, rather than a silently different result."""
-    if dropout and dropout > 0:
-        raise NotImplementedError(
-            f"attention dropout {dropout}: this integration does not pass dropout to flashattn "
-            f"yet (flash_attn_func has it, on the CPU). Train with attention_dropout=0.0 in the "
-            f"model config, or use attn_implementation='sdpa'")
     if kwargs.get("output_attentions"):
         raise NotImplementedError(
             "output_attentions=True: flashattn computes no attention weights; load the model "
