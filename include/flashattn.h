@@ -389,7 +389,9 @@ typedef struct fa_context fa_context;
  * bf16 parts (kernels cpu_fwd_amx_bf16x6_f32_*, cpu_bwd_amx_bf16x6_f32_*, fp32 accuracy under
  * the library's 2x rule), and FLASHATTN_CPU_F32_AMX=0 returns both to the AVX-512 FMA kernels
  * (the selection's reason says so); FLASHATTN_CPU_BWD_SCHEDULE=one-pass|two-pass forces the
- * backward's schedule (the amx fp32 backward has one, and says so in the reason). Each
+ * backward's schedule (the amx fp32 backward has one, and says so in the reason);
+ * FLASHATTN_CPU_SMALL_FLOPS=N (default 2^20) runs calls of fewer FLOPs on the calling thread,
+ * without a thread team (the record's threads is then 1). Each
  * variable is read here, once: a context keeps what it found at its creation.
  * Returns FA_OK, FA_ERR_NULL_POINTER, FA_ERR_INVALID_ARGUMENT, FA_ERR_NO_BACKEND,
  * FA_ERR_OUT_OF_MEMORY. On error *ctx is set to NULL and fa_last_error(NULL) has the message.
