@@ -155,7 +155,8 @@ static void build_attn(fz *f, fz_call *c, int bwd) {
     c->algo = fz_one_in(f, 4) ? (fz_one_in(f, 2) ? FA_ALGO_NAIVE : FA_ALGO_PLAIN) : FA_ALGO_AUTO;
     c->sq = sq, c->sk = sk, c->group = hq / hkv, c->d = d;
     if (c->algo != FA_ALGO_AUTO || dt == FA_DTYPE_F64)
-        c->reference_macs = b * hq * (varlen ? tq : sq) * (varlen ? tk : sk) * d * (bwd ? 4 : 2);
+        /* varlen sequences are at most sq x sk each (or the call is refused): small sizes */
+        c->reference_macs = b * hq * sq * sk * d * (bwd ? 4 : 2);
 }
 
 /* fa_fwd_kvcache: q, the cache (contiguous or paged), optional k_new / v_new, out, lse. */
