@@ -69,27 +69,7 @@ static fa_status validate(fa_call *c, const fa_cp_args *args, fa_cp_problem *cp)
                        c->fn, (long long)args->seqlen, cp->world);
     if (!c->lse) return fa_fail(ctx, FA_ERR_NULL_POINTER, "%s: lse is NULL (required)", c->fn);
     fa_arg a[9];
-    int n = 0;
-#define ARG(nm, tensor, is_out, lse_)                                                         \
-    do {                                                                                      \
-        a[n].name = nm;                                                                       \
-        a[n].t = tensor;                                                                      \
-        a[n].out = is_out;                                                                    \
-        a[n].is_lse = lse_;                                                                   \
-        n++;                                                                                  \
-    } while (0)
-    ARG("q", c->q, 0, 0);
-    ARG("k", c->k, 0, 0);
-    ARG("v", c->v, 0, 0);
-    ARG("out", c->out, !c->bwd, 0);
-    if (c->bwd) {
-        ARG("dout", c->dout, 0, 0);
-        ARG("dq", c->dq, 1, 0);
-        ARG("dk", c->dk, 1, 0);
-        ARG("dv", c->dv, 1, 0);
-    }
-    ARG("lse", c->lse, !c->bwd, 1);
-#undef ARG
+    const int n = fa_attn_args(c, a);
     FA_TRY(fa_check_tensors(c, a, n, 4));
     FA_TRY(fa_check_dtypes(c, a, n));
     FA_TRY(fa_check_devices(c, a, n));

@@ -434,21 +434,10 @@ fa_status fa_check_options(fa_call *c, fa_problem *pr) {
 }
 
 /* Everything fa_fwd and fa_bwd check, in one place; fills *pr on success. */
-static fa_status validate(fa_call *c, fa_problem *pr) {
-    fa_context *ctx = c->ctx;
-    const fa_params *p = c->p;
-    memset(pr, 0, sizeof *pr);
-    if (c->bwd && !c->query_only && !c->lse)
-        return fa_fail(ctx, FA_ERR_NULL_POINTER, "%s: lse is NULL (required)", c->fn);
-    int varlen = p->cu_seqlens_q || p->cu_seqlens_k;
-    int nd = varlen ? 3 : 4;
-    if (varlen && !(p->cu_seqlens_q && p->cu_seqlens_k))
-        return fa_fail(ctx, FA_ERR_VARLEN, "%s: %s is NULL; varlen needs both cu_seqlens_q and _k",
-                       c->fn, p->cu_seqlens_q ? "cu_seqlens_k" : "cu_seqlens_q");
-
-    /* The tensors of this call in one list: name, view, role. LSE is an output of the
-       forward and an input of the backward; it is the only one with rank 2/3 and free strides. */
-    fa_arg a[9];
+/* The tensors of an attention call (fa_fwd, fa_bwd, fa_cp_*) in one list: name, view, role.
+   LSE (when given) is an output of the forward and an input of the backward; it is the only
+   one with rank 2/3 and free strides. Returns the count (at most 9). */
+int fa_attn_args(const fa_call *c, fa_arg a[9]) {
     int n = 0;
 #define ARG(nm, tensor, is_out, lse_)                                                         \
     do {                                                                                      \
@@ -470,6 +459,23 @@ static fa_status validate(fa_call *c, fa_problem *pr) {
     }
     if (c->lse) ARG("lse", c->lse, !c->bwd, 1);
 #undef ARG
+    return n;
+}
+
+static fa_status validate(fa_call *c, fa_problem *pr) {
+    fa_context *ctx = c->ctx;
+    const fa_params *p = c->p;
+    memset(pr, 0, sizeof *pr);
+    if (c->bwd && !c->query_only && !c->lse)
+        return fa_fail(ctx, FA_ERR_NULL_POINTER, "%s: lse is NULL (required)", c->fn);
+    int varlen = p->cu_seqlens_q || p->cu_seqlens_k;
+    int nd = varlen ? 3 : 4;
+    if (varlen && !(p->cu_seqlens_q && p->cu_seqlens_k))
+        return fa_fail(ctx, FA_ERR_VARLEN, "%s: %s is NULL; varlen needs both cu_seqlens_q and _k",
+                       c->fn, p->cu_seqlens_q ? "cu_seqlens_k" : "cu_seqlens_q");
+
+    fa_arg a[9];
+    const int n = fa_attn_args(c, a);
     FA_TRY(fa_check_tensors(c, a, n, nd));
     /* one dtype for all attention tensors; LSE is f32 (f64 for the f64 reference) */
     FA_TRY(fa_check_dtypes(c, a, n));

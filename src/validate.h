@@ -47,6 +47,8 @@ static inline const char *fa_device_name(fa_device d) {
 
 static inline int fa_spans_overlap(fa_span a, fa_span b) { return a.lo < b.hi && b.lo < a.hi; }
 
+/* q, k, v, out (bwd: dout, dq, dk, dv) and lse when given, with their roles; the count. */
+int fa_attn_args(const fa_call *c, fa_arg a[9]);
 /* Each tensor of a[0..n): pointer, rank (nd, LSE nd - 1), sizes, strides (the last one 1,
    but for LSE), and that its byte span fits the address space; fills a[i].sp. */
 fa_status fa_check_tensors(fa_call *c, fa_arg *a, int n, int nd);
