@@ -15,17 +15,7 @@
  * two minutes on two cores, also under ASan + UBSan.
  */
 #include "testkit.h"
-
-#define F32 FA_DTYPE_F32
-#define F16 FA_DTYPE_F16
-#define BF16 FA_DTYPE_BF16
-
-/* name, batch, sq, sk, heads q/kv, d, dtype */
-#define SHAPE(nm, b, q, k, hq_, hkv_, d_, dt)                                                  \
-    .name = nm, .batch = b, .sq = q, .sk = k, .hq = hq_, .hkv = hkv_, .d = d_, .dtype = dt
-#define VARLEN(nm, b, hq_, hkv_, d_, dt)                                                      \
-    .name = nm, .batch = b, .varlen = 1, .hq = hq_, .hkv = hkv_, .d = d_, .dtype = dt
-#define WIN(l, r) .window = 1, .wl = l, .wr = r
+#include "tk_shapes.h"
 
 static const tk_case fwd_cases[] = {
     {SHAPE("single", 1, 1, 1, 1, 1, 8, F32)},

@@ -13,15 +13,7 @@
 #include <string.h>
 
 #include "sweep.h"
-
-#define F32 FA_DTYPE_F32
-#define F16 FA_DTYPE_F16
-#define BF16 FA_DTYPE_BF16
-#define SHAPE(nm, b, q, k, hq_, hkv_, d_, dt)                                                  \
-    .name = nm, .batch = b, .sq = q, .sk = k, .hq = hq_, .hkv = hkv_, .d = d_, .dtype = dt
-#define VARLEN(nm, b, hq_, hkv_, d_, dt)                                                      \
-    .name = nm, .batch = b, .varlen = 1, .hq = hq_, .hkv = hkv_, .d = d_, .dtype = dt
-#define WIN(l, r) .window = 1, .wl = l, .wr = r
+#include "tk_shapes.h"
 
 /* Padded sizes: 1 and 3 (-> 8, kernel 32), 59 and 63 (-> 64: on sm_90 the Hopper kernels
    run), 111 (-> 112, kernel 128), 127 (-> 128: Hopper), 217 (-> 224, kernel 256), 250 and 255
