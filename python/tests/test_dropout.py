@@ -15,20 +15,25 @@ import flashattn
 torch = pytest.importorskip("torch")
 
 
-def reference(q, k, v, keep, p, causal):
-    """float64 attention with dropout: softmax(scale q k^T + causal) * keep / (1 - p) @ v,
-    BSHD, GQA by repetition; keep (batch, heads, sq, sk)."""
-    q, k, v = (t.double() for t in (q, k, v))
-    g = q.shape[2] // k.shape[2]
-    k, v = k.repeat_interleave(g, dim=2), v.repeat_interleave(g, dim=2)
+def _probs(q, k, causal):
+    """softmax(scale q k^T + causal mask) in q's dtype, BSHD, GQA by repetition, (b, h, sq, sk);
+    a row that sees no key (causal with sq > sk) is 0, as the library defines it."""
+    k = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
     s = torch.einsum("bihd,bjhd->bhij", q, k) / math.sqrt(q.shape[-1])
     sq, sk = q.shape[1], k.shape[1]
     if causal:
         i = torch.arange(sq, device=q.device)[:, None]
         j = torch.arange(sk, device=q.device)[None, :]
         s = s.masked_fill(j > i + sk - sq, -math.inf)
-    # a row that sees no key (causal with sq > sk) has out 0, as the library defines it
-    pr = torch.softmax(s, dim=-1).nan_to_num(0.0) * keep.double() / (1 - p)
+    return torch.softmax(s, dim=-1).nan_to_num(0.0)
+
+
+def reference(q, k, v, keep, p, causal):
+    """float64 attention with dropout: softmax(scale q k^T + causal) * keep / (1 - p) @ v,
+    BSHD, GQA by repetition; keep (batch, heads, sq, sk)."""
+    q, k, v = (t.double() for t in (q, k, v))
+    v = v.repeat_interleave(q.shape[2] // v.shape[2], dim=2)
+    pr = _probs(q, k, causal) * keep.double() / (1 - p)
     return torch.einsum("bhij,bjhd->bihd", pr, v)
 
 
@@ -144,16 +149,9 @@ def reference_low(q, k, v, keep, p, causal, dt=None):
     to the kernel's dtype before P V and fp32 elsewhere (the 2x rule's comparison point)."""
     if dt is None:
         return reference(q, k, v, keep, p, causal)
-    g = q.shape[2] // k.shape[2]
     qf, kf, vf = (t.float() for t in (q, k, v))
-    kf, vf = kf.repeat_interleave(g, dim=2), vf.repeat_interleave(g, dim=2)
-    s = torch.einsum("bihd,bjhd->bhij", qf, kf) / math.sqrt(q.shape[-1])
-    sq, sk = q.shape[1], k.shape[1]
-    if causal:
-        i = torch.arange(sq, device=q.device)[:, None]
-        j = torch.arange(sk, device=q.device)[None, :]
-        s = s.masked_fill(j > i + sk - sq, -math.inf)
-    pr = (torch.softmax(s, dim=-1).nan_to_num(0.0) * keep.float() / (1 - p)).to(dt).float()
+    vf = vf.repeat_interleave(q.shape[2] // v.shape[2], dim=2)
+    pr = (_probs(qf, kf, causal) * keep.float() / (1 - p)).to(dt).float()
     return torch.einsum("bhij,bjhd->bihd", pr, vf).to(dt)
 
 
