@@ -45,5 +45,5 @@ if [ -n "${STAGES_AFTER-decode}" ] && [ "$(left)" -gt 150 ]; then
   tail -30 "$OUT/after-stdout.txt" | tee -a "$R"
 fi
 [ "$workers" -gt 0 ] && bench/fuzz_bg.sh report 2>&1 | tee -a "$R"
-cp -r "${FUZZ_BUILD:-build-fuzz}/artifacts" "$OUT/fuzz-artifacts" 2>/dev/null
+for a in build-fuzz*/artifacts; do cp -r "$a" "$OUT/fuzz-artifacts" 2>/dev/null; done
 say "total $(( $(date +%s) - T0 ))s"
