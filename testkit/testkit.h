@@ -33,6 +33,15 @@ double tk_rng_uniform(tk_rng *r);              /* [0, 1) */
 double tk_rng_normal(tk_rng *r);               /* N(0, 1) */
 int64_t tk_rng_range(tk_rng *r, int64_t lo, int64_t hi); /* [lo, hi] */
 
+/* ---- NCCL, loaded at run time (tk_nccl.c) ------------------------------------------------ */
+
+/* Loads FLASHATTN_NCCL_LIBRARY (or libnccl.so.2) and the three functions below; 0 with the
+   reason in why when it cannot. The communicators are NCCL's ncclComm_t, as void *. */
+int tk_nccl_load(char *why, size_t len);
+extern int (*tk_nccl_init_all)(void **comms, int ndev, const int *devlist);
+extern int (*tk_nccl_destroy)(void *comm);
+extern const char *(*tk_nccl_error)(int r);
+
 /* ---- scalar conversions, independent of the library's (used to fill and to cross-check) --- */
 
 /* Round a double to the nearest value of dtype dt (ties to even, overflow to inf). */

@@ -16,7 +16,6 @@
  * FLASHATTN_NCCL_LIBRARY to its path: torch's wheel has one in site-packages/nvidia/nccl/lib).
  * CP_WORLD=n limits the multi-GPU world to n devices.
  */
-#include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -29,31 +28,6 @@
 #include "testkit.h"
 
 #define SKIP 77
-
-/* ---- NCCL, loaded as the library loads it (the test links no NCCL either) ---- */
-
-static int (*nccl_init_all)(void **comms, int ndev, const int *devlist);
-static int (*nccl_destroy)(void *comm);
-static const char *(*nccl_error)(int r);
-
-static int load_nccl(char *why, size_t len) {
-    const char *path = getenv("FLASHATTN_NCCL_LIBRARY");
-    void *h = dlopen(path && *path ? path : "libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        snprintf(why, len, "%s", dlerror());
-        return 0;
-    }
-    void *f[3] = {dlsym(h, "ncclCommInitAll"), dlsym(h, "ncclCommDestroy"),
-                  dlsym(h, "ncclGetErrorString")};
-    if (!f[0] || !f[1] || !f[2]) {
-        snprintf(why, len, "NCCL lacks ncclCommInitAll/ncclCommDestroy/ncclGetErrorString");
-        return 0;
-    }
-    memcpy(&nccl_init_all, &f[0], sizeof f[0]);
-    memcpy(&nccl_destroy, &f[1], sizeof f[1]);
-    memcpy(&nccl_error, &f[2], sizeof f[2]);
-    return 1;
-}
 
 /* ---- cases and layouts ---- */
 
@@ -427,9 +401,9 @@ static int run_world(int world, uint64_t seed) {
     int devs[8];
     void *comms[8] = {0};
     for (int i = 0; i < world; i++) devs[i] = i;
-    const int r = nccl_init_all(comms, world, devs);
+    const int r = tk_nccl_init_all(comms, world, devs);
     if (r != 0) {
-        printf("world %d: ncclCommInitAll failed: %s\n", world, nccl_error(r));
+        printf("world %d: ncclCommInitAll failed: %s\n", world, tk_nccl_error(r));
         return 0;
     }
     int fails = 0;
@@ -441,7 +415,7 @@ static int run_world(int world, uint64_t seed) {
                c->layout == FA_CP_ZIGZAG ? "zigzag" : "contiguous");
         if (!run_case(c, world, devs, comms, seed + i)) fails++;
     }
-    for (int i = 0; i < world; i++) nccl_destroy(comms[i]);
+    for (int i = 0; i < world; i++) tk_nccl_destroy(comms[i]);
     return fails == 0;
 }
 
@@ -456,7 +430,7 @@ int main(void) {
         return SKIP;
     }
     char why[512];
-    if (!load_nccl(why, sizeof why)) {
+    if (!tk_nccl_load(why, sizeof why)) {
         printf("SKIP: no NCCL (%s); set FLASHATTN_NCCL_LIBRARY to libnccl.so.2\n", why);
         return SKIP;
     }
