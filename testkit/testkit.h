@@ -41,6 +41,8 @@ int tk_nccl_load(char *why, size_t len);
 extern int (*tk_nccl_init_all)(void **comms, int ndev, const int *devlist);
 extern int (*tk_nccl_destroy)(void *comm);
 extern const char *(*tk_nccl_error)(int r);
+/* Destroys n communicators (NULL entries skipped), each from a thread of its own. */
+void tk_nccl_destroy_all(void **comms, int n);
 
 /* ---- scalar conversions, independent of the library's (used to fill and to cross-check) --- */
 

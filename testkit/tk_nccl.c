@@ -4,6 +4,7 @@
  * wherever the library does and skip where NCCL is absent.
  */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,4 +33,22 @@ int tk_nccl_load(char *why, size_t len) {
     memcpy(&tk_nccl_destroy, &f[1], sizeof f[1]);
     memcpy(&tk_nccl_error, &f[2], sizeof f[2]);
     return 1;
+}
+
+static void *destroy_one(void *comm) {
+    tk_nccl_destroy(comm);
+    return NULL;
+}
+
+void tk_nccl_destroy_all(void **comms, int n) {
+    /* concurrently, one thread each: NCCL's teardown of communicators that share a process
+       may wait for the other ranks' teardown, which one thread doing them in turn never
+       reaches */
+    pthread_t th[64];
+    int started[64] = {0};
+    for (int i = 0; i < n && i < 64; i++)
+        started[i] = comms[i] && pthread_create(&th[i], NULL, destroy_one, comms[i]) == 0;
+    for (int i = 0; i < n && i < 64; i++)
+        if (started[i]) pthread_join(th[i], NULL);
+        else if (comms[i]) tk_nccl_destroy(comms[i]);
 }

@@ -18,9 +18,11 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cuda_runtime_api.h>
 
@@ -28,6 +30,45 @@
 #include "testkit.h"
 
 #define SKIP 77
+
+/* ---- the watchdog: a rank stuck in NCCL waits forever; the test fails instead, naming the
+   phase it was in (CP_TIMEOUT seconds without a new phase, default 180) ---- */
+
+static char g_phase[160] = "start";
+static pthread_mutex_t g_phase_mu = PTHREAD_MUTEX_INITIALIZER;
+static long g_phase_no;
+
+static void set_phase(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    pthread_mutex_lock(&g_phase_mu);
+    vsnprintf(g_phase, sizeof g_phase, fmt, ap);
+    g_phase_no++;
+    pthread_mutex_unlock(&g_phase_mu);
+    va_end(ap);
+}
+
+static void *watchdog(void *arg) {
+    const int limit = *(const int *)arg;
+    long seen = -1;
+    int still = 0;
+    for (;;) {
+        sleep(1);
+        pthread_mutex_lock(&g_phase_mu);
+        const long now = g_phase_no;
+        char phase[sizeof g_phase];
+        memcpy(phase, g_phase, sizeof phase);
+        pthread_mutex_unlock(&g_phase_mu);
+        still = now == seen ? still + 1 : 0;
+        seen = now;
+        if (still >= limit) {
+            printf("test_cp: FAILED: no progress for %d s in: %s\n", limit, phase);
+            fflush(stdout);
+            _exit(1);
+        }
+    }
+    return NULL;
+}
 
 /* ---- cases and layouts ---- */
 
@@ -140,8 +181,10 @@ static void *run_rank(void *arg) {
     a.p = &p;
     a.out = &o;
     a.lse = &lse;
+    set_phase("world %d rank %d: fa_cp_fwd", j->world, j->rank);
     j->st = fa_cp_fwd(ctx, j->comm, &a);
     if (j->st == FA_OK) {
+        set_phase("world %d rank %d: fa_cp_bwd", j->world, j->rank);
         a.dout = &dO;
         a.dq = &tq;
         a.dk = &tk;
@@ -149,6 +192,7 @@ static void *run_rank(void *arg) {
         j->st = fa_cp_bwd(ctx, j->comm, &a);
     }
     if (j->st == FA_OK) {
+        set_phase("world %d rank %d: synchronizing after the calls", j->world, j->rank);
         const fa_selection *s = fa_last_selection(ctx);
         snprintf(j->kernel, sizeof j->kernel, "%s", s ? s->kernel : "?");
         const cudaError_t e = cudaDeviceSynchronize();
@@ -413,9 +457,11 @@ static int run_world(int world, uint64_t seed) {
         printf("world %d: b%d S%lld h%d/%d d%d %s %s %s\n", world, c->b, (long long)c->s, c->hq,
                c->hk, c->d, fa_dtype_name(c->dt), c->causal ? "causal" : "full",
                c->layout == FA_CP_ZIGZAG ? "zigzag" : "contiguous");
+        set_phase("world %d case %zu", world, i);
         if (!run_case(c, world, devs, comms, seed + i)) fails++;
     }
-    for (int i = 0; i < world; i++) tk_nccl_destroy(comms[i]);
+    set_phase("world %d: destroying the communicators", world);
+    tk_nccl_destroy_all(comms, world);
     return fails == 0;
 }
 
@@ -437,6 +483,13 @@ int main(void) {
     const char *cap = getenv("CP_WORLD");
     int world = ndev > 8 ? 8 : ndev;
     if (cap && atoi(cap) >= 1 && atoi(cap) < world) world = atoi(cap);
+    setvbuf(stdout, NULL, _IOLBF, 0); /* every line out before a watchdog exit */
+    static int limit = 180;
+    const char *lim = getenv("CP_TIMEOUT");
+    if (lim && atoi(lim) > 0) limit = atoi(lim);
+    pthread_t dog;
+    pthread_create(&dog, NULL, watchdog, &limit);
+    pthread_detach(dog);
     const uint64_t seed = tk_seed();
     printf("seed 0x%llx, %d GPU(s) visible\n", (unsigned long long)seed, ndev);
     int ok = run_world(1, seed);

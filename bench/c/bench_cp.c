@@ -231,7 +231,7 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
     pthread_barrier_destroy(&bar);
-    for (int i = 0; i < n; i++) tk_nccl_destroy(comms[i]);
+    tk_nccl_destroy_all(comms, n);
     int failed = 0;
     for (int i = 0; i < n; i++)
         if (jobs[i].st != FA_OK) {
