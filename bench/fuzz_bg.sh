@@ -38,7 +38,9 @@ carry)
   cp build-fuzz/fuzz/fuzz_api build-fuzzcarry/
   omp=$(ldd build-fuzz/fuzz/fuzz_api | awk '/libomp/ {print $3}')
   [ -n "$omp" ] && cp -L "$omp" build-fuzzcarry/
-  tar -czf build-fuzzcarry/corpus.tgz -C build-fuzz/corpus .
+  # the corpus this machine grew, if any (an empty one keeps the carried corpus.tgz)
+  [ -n "$(ls -A build-fuzz/corpus 2>/dev/null)" ] &&
+    tar -czf build-fuzzcarry/corpus.tgz -C build-fuzz/corpus .
   echo "fuzz_bg: build-fuzzcarry holds $(git rev-parse --short HEAD)'s target ($(du -sh build-fuzzcarry | cut -f1))"
   ;;
 report)
