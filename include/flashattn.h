@@ -75,7 +75,9 @@ extern "C" {
 #define FA_API
 #endif
 
-/* 0.2.3: fa_params version 3 (fused rotary embedding and cache_leftpad of fa_fwd_kvcache),
+/* 0.2.4: context parallelism over NCCL (fa_cp_fwd, fa_cp_bwd, fa_cp_shard_len, fa_cp_args),
+   added.
+   0.2.3: fa_params version 3 (fused rotary embedding and cache_leftpad of fa_fwd_kvcache),
    appended.
    0.2.2: fa_allocator version 2 (own_max_bytes), appended.
    0.2.1: fa_params version 2 (dropout, FP8 descales), appended: callers built with the
@@ -85,7 +87,7 @@ extern "C" {
    libflashattn.so.0.2). */
 #define FA_VERSION_MAJOR 0
 #define FA_VERSION_MINOR 2
-#define FA_VERSION_PATCH 3
+#define FA_VERSION_PATCH 4
 
 /* Largest head dimension any backend accepts (the CUDA backend takes 1..256 too, but its
    KV-cache path multiples of 8 only). */
