@@ -15,8 +15,10 @@ with retain_graph.
     python3 bench/peers.py --impls cudnn --head-dim 128 --seqlens 2048 --op fwd
 
 The sweep options share their names with `flashattn bench` (--head-dim, --seqlens, --masks,
---op, --dtype, --tokens, --model-dim, --warmup, --reps, --min-time, --max-time, --rotate,
---pause), so one set of options narrows both.
+--op, --dtype, --tokens, --model-dim, --heads, --heads-kv, --warmup, --reps, --min-time,
+--max-time, --rotate, --pause), so one set of options narrows both. GQA rows (--heads 32
+--heads-kv 8) run SDPA with enable_gqa where the backend takes it, else with K/V repeated to
+the query heads before timing (the row's kernel says which).
 """
 import argparse
 import datetime
@@ -72,10 +74,13 @@ def configs(args):
 
 
 def shape_of(args, d, n):
-    """batch = tokens / seqlen, heads = model_dim / d; None when they do not divide."""
-    if args.tokens % n or args.model_dim % d:
+    """(batch, heads, kv heads): batch = tokens / seqlen, heads = --heads or model_dim / d, kv
+    heads = --heads-kv or heads; None when they do not divide."""
+    h = args.heads or (args.model_dim // d if args.model_dim % d == 0 else 0)
+    hk = args.heads_kv or h
+    if args.tokens % n or not h or h % hk:
         return None
-    return args.tokens // n, args.model_dim // d
+    return args.tokens // n, h, hk
 
 
 class Timer:
@@ -97,22 +102,38 @@ class Timer:
         return per_call, span
 
 
-def make_sets(torch, args, b, h, d, n, dtype, need_bwd):
-    """Input sets of BSHD memory presented as [B, H, S, D] views, enough of them that
-    together they exceed --rotate-bytes (at least two)."""
+def make_sets(torch, args, b, h, hk, d, n, dtype, need_bwd):
+    """Input sets of BSHD memory presented as [B, H, S, D] views (K and V with hk heads),
+    enough of them that together they exceed --rotate-bytes (at least two)."""
     elem = torch.finfo(dtype).bits // 8
-    tensor_bytes = b * n * h * d * elem
-    per_set = tensor_bytes * (8 if need_bwd else 4) + b * h * n * 4
+    per_set = b * n * d * elem * (2 * h + 2 * hk) * (2 if need_bwd else 1) + b * h * n * 4
     nsets = max(2, math.ceil(args.rotate_bytes / per_set)) if args.rotate_bytes else 1
     nsets = min(nsets, 256)
     sets = []
     for _ in range(nsets):
         qkv = []
-        for _ in range(3):
-            t = torch.randn(b, n, h, d, device="cuda", dtype=dtype).transpose(1, 2)
+        for heads in (h, hk, hk):
+            t = torch.randn(b, n, heads, d, device="cuda", dtype=dtype).transpose(1, 2)
             qkv.append(t.detach().requires_grad_(True))
         sets.append(qkv)
     return sets
+
+
+def gqa_mode(torch, F, sets, h, hk, causal):
+    """How the peer takes GQA: natively (enable_gqa) when its backend accepts it, else with K
+    and V repeated to the query heads beforehand (untimed, and their gradients left per
+    repeated head: both in the peer's favour). Returns the mode and the sets to time."""
+    if h == hk:
+        return "", sets
+    q, k, v = sets[0]
+    try:
+        F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), enable_gqa=True)
+        return "gqa", sets
+    except RuntimeError:
+        g = h // hk
+        rep = [[q] + [t.detach().repeat_interleave(g, dim=1).requires_grad_(True) for t in (k, v)]
+               for q, k, v in sets]
+        return "repeat_kv", rep
 
 
 def time_impl(torch, F, args, impl, backend, d, causal, n, dtype, timer):
@@ -131,23 +152,32 @@ def time_impl(torch, F, args, impl, backend, d, causal, n, dtype, timer):
                              error="tokens %d / seqlen %d or model dim %d / head dim %d do not "
                                    "divide" % (args.tokens, n, args.model_dim, d)))
         return rows
-    b, h = shape
-    base.update(batch=b, heads_q=h, heads_kv=h)
+    b, h, hk = shape
+    base.update(batch=b, heads_q=h, heads_kv=hk)
     flops = fwd_flops(b, h, d, n, n, causal)
     sets = None
     try:
         with sdpa_kernel([backend]):
-            sets = make_sets(torch, args, b, h, d, n, dtype, "bwd" in ops)
+            sets = make_sets(torch, args, b, h, hk, d, n, dtype, "bwd" in ops)
+            mode, sets = gqa_mode(torch, F, sets, h, hk, causal)
+            if mode:
+                base["kernel"] += "+" + mode
             nsets = len(sets)
+            gqa = mode == "gqa"
+
+            def attend(q, k, v):
+                if gqa:
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal),
+                                                          enable_gqa=True)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
 
             def fwd(i):
-                q, k, v = sets[i % nsets]
-                return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+                return attend(*sets[i % nsets])
 
             graphs = []
             if "bwd" in ops:
                 for q, k, v in sets:
-                    out = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+                    out = attend(q, k, v)
                     graphs.append((out, torch.randn_like(out), (q, k, v)))
 
             def bwd(i):
@@ -202,6 +232,9 @@ def main(argv=None):
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
     ap.add_argument("--tokens", type=int, default=16384, help="batch = tokens / seqlen")
     ap.add_argument("--model-dim", type=int, default=2048, help="heads = model dim / head dim")
+    ap.add_argument("--heads", type=int, default=0, help="query heads (instead of --model-dim)")
+    ap.add_argument("--heads-kv", type=int, default=0,
+                    help="key/value heads (default: the query heads; fewer is GQA)")
     ap.add_argument("--head-dims", "--head-dim", type=parse_list, default=[64, 128, 256])
     ap.add_argument("--seqlens", type=parse_list, default=parse_list("512..16384"))
     ap.add_argument("--masks", default="none,causal", help="none, causal (comma list)")
@@ -279,7 +312,8 @@ def main(argv=None):
                 "warmup": args.warmup, "reps": args.reps, "min_time_s": args.min_time,
                 "max_time_s": args.max_time, "pause_s": args.pause,
                 "rotate_bytes": args.rotate_bytes,
-                "tokens": args.tokens, "model_dim": args.model_dim, "seed": str(seed),
+                "tokens": args.tokens, "model_dim": args.model_dim, "heads": args.heads,
+                "heads_kv": args.heads_kv, "seed": str(seed),
                 "flops_rule": "fwd 4*B*H*d per visible (query, key) pair, causal square = "
                               "half; bwd 2.5x fwd",
                 "time_rule": "median over calls of CUDA event pairs around each call, after "
