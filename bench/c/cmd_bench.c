@@ -42,7 +42,8 @@ static void usage(FILE *f) {
             "  --heads H          query heads (default 8)\n"
             "  --heads-kv H       key/value heads (default: --heads; fewer is GQA/MQA)\n"
             "  --tokens T         batch = T / seqlen for each seqlen (overrides --batch)\n"
-            "  --model-dim M      heads = M / head dim for each head dim (overrides --heads)\n"
+            "  --model-dim M      heads = M / head dim for each head dim (overrides --heads;\n"
+            "                     --heads alone overrides --sweep's model dim)\n"
             "  --head-dim LIST    head dimensions (default 64)\n"
             "  --seqlens LIST     key lengths, comma list or A..B doubling (default 512..4096)\n"
             "  --seqlen-q N       fix the query length (default: equal to the key length)\n"
@@ -419,6 +420,9 @@ int cmd_bench(int argc, char **argv) {
     if (cfg.reps < 0) cfg.reps = gpu ? 20 : 5;
     if (cfg.min_time < 0) cfg.min_time = gpu ? 0.2 : 0;
     if (cfg.max_time < 0) cfg.max_time = gpu ? 2.0 : 0;
+    /* --heads given without --model-dim wins over a preset's model dim (--sweep --heads 32
+       --heads-kv 8 is the GQA sweep) */
+    if (seen[O_H] && !seen[O_MDIM]) cfg.model_dim = 0;
     if (!cfg.heads_kv) cfg.heads_kv = cfg.heads;
     if (cfg.heads % cfg.heads_kv) {
         fprintf(stderr, "flashattn bench: --heads %lld is not a multiple of --heads-kv %lld\n",
