@@ -22,12 +22,16 @@ the query heads before timing (the row's kernel says which).
 """
 import argparse
 import datetime
+import itertools
 import json
 import math
 import socket
 import statistics
 import sys
 import time
+
+
+DEVICE = "cuda"  # where the inputs are made (a test may point it at the CPU)
 
 
 def parse_list(text):
@@ -214,6 +218,97 @@ def time_impl(torch, F, args, impl, backend, d, causal, n, dtype, timer):
     return rows
 
 
+def time_varlen(torch, F, args, impl, backend, d, causal, dtype, timer):
+    """Rows of one implementation on the packed batch of --varlen: SDPA on a nested (jagged)
+    tensor, and on the batch padded to its longest sequence (right padding: under the causal
+    mask every real row sees only real keys); each path timed, the faster kept, the row's
+    kernel naming it. FLOPs count the real sequences only, as flashattn bench does."""
+    from torch.nn.attention import sdpa_kernel
+
+    lens = args.varlen
+    total, longest, nseq = sum(lens), max(lens), len(lens)
+    h = args.heads or (args.model_dim // d if args.model_dim % d == 0 else 0)
+    hk = args.heads_kv or h
+    base = {"impl": impl, "dtype": args.dtype, "head_dim": d, "seqlen_q": total,
+            "seqlen_k": total, "causal": bool(causal), "mask": "causal" if causal else "none",
+            "varlen": True, "window_left": -1, "window_right": -1, "batch": nseq,
+            "heads_q": h, "heads_kv": hk}
+    ops = [op for op in ("fwd", "bwd") if op in args.ops]
+    flops = sum(fwd_flops(1, h, d, n, n, causal) for n in lens)
+    offsets = torch.tensor([0] + list(itertools.accumulate(lens)), device=DEVICE)
+
+    def packed(heads):
+        return torch.randn(total, heads, d, device=DEVICE, dtype=dtype)
+
+    def as_nested(t):
+        nt = torch.nested.nested_tensor_from_jagged(t, offsets)  # [B, j, H, d]
+        return nt.transpose(1, 2).detach().requires_grad_(True)
+
+    def as_padded(t):
+        out = t.new_zeros(nseq, longest, t.shape[1], d)
+        for i, n in enumerate(lens):
+            out[i, :n] = t[offsets[i]:offsets[i] + n]
+        return out.transpose(1, 2).detach().requires_grad_(True)
+
+    per_set = total * d * (2 * h + 2 * hk) * (torch.finfo(dtype).bits // 8) * 2
+    nsets = min(64, max(2, math.ceil(args.rotate_bytes / per_set))) if args.rotate_bytes else 1
+    raw = [(packed(h), packed(hk), packed(hk)) for _ in range(nsets)]
+    best = {}
+    with sdpa_kernel([backend]):
+        for path, make in (("nested", as_nested), ("padded", as_padded)):
+            try:
+                sets = [tuple(make(t) for t in qkv) for qkv in raw]
+                gqa = h != hk
+
+                def attend(q, k, v):
+                    kw = {"enable_gqa": True} if gqa else {}
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), **kw)
+
+                def fwd(i):
+                    return attend(*sets[i % nsets])
+
+                graphs = []
+                if "bwd" in ops:
+                    for q, k, v in sets:
+                        out = attend(q, k, v)
+                        dout = torch.randn_like(out)
+                        graphs.append((out, dout, (q, k, v)))
+
+                def bwd(i):
+                    out, dout, inputs = graphs[i % nsets]
+                    return torch.autograd.grad(out, inputs, dout, retain_graph=True)
+
+                for op in ops:
+                    fn = fwd if op == "fwd" else bwd
+                    warm, _ = timer.run(fn, 0, args.warmup) if args.warmup else ([], 0)
+                    reps = rep_count(args, min(warm) if warm else 0)
+                    times, span = timer.run(fn, args.warmup, reps)
+                    med = statistics.median(times)
+                    if op not in best or med < best[op]["median_s"]:
+                        f = flops * (2.5 if op == "bwd" else 1.0)
+                        best[op] = dict(base, op=op, sets=nsets, status="ok", reps=reps,
+                                        median_s=med, min_s=min(times), max_s=max(times),
+                                        span_mean_s=span, flops=f, gflops=f / med * 1e-9,
+                                        tflops=f / med * 1e-12,
+                                        kernel="torch.sdpa/%s:%s" % (impl, path))
+            except (RuntimeError, NotImplementedError) as e:
+                for op in ops:
+                    best.setdefault("err:" + op, "%s: %s" % (
+                        path, str(e).strip().splitlines()[0][:300]))
+            finally:
+                sets = graphs = None
+    rows = []
+    for op in ops:
+        if op in best:
+            if "err:" + op in best:  # the other path failed: say why, beside the one that ran
+                best[op]["other_path_error"] = best["err:" + op]
+            rows.append(best[op])
+        else:
+            rows.append(dict(base, op=op, status="error", kernel="torch.sdpa/" + impl,
+                             error=best.get("err:" + op, "no path ran")))
+    return rows
+
+
 def fmt_row(r):
     mask = "causal" if r["causal"] else "none"
     head = "%-5s %-3s %4d %5d/%-3d %5d %6s" % (r["impl"], r["op"], r["head_dim"], r["batch"],
@@ -238,6 +333,9 @@ def main(argv=None):
     ap.add_argument("--head-dims", "--head-dim", type=parse_list, default=[64, 128, 256])
     ap.add_argument("--seqlens", type=parse_list, default=parse_list("512..16384"))
     ap.add_argument("--masks", default="none,causal", help="none, causal (comma list)")
+    ap.add_argument("--varlen", type=parse_list, default=None,
+                    help="one packed batch of these sequence lengths instead of --seqlens "
+                         "(bench/varlen_lengths.py)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--reps", type=int, default=20, help="at least this many timed calls")
     ap.add_argument("--min-time", type=float, default=0.2, help="and this many seconds")
@@ -296,9 +394,17 @@ def main(argv=None):
     timer = Timer(torch)
     rows = []
     t0 = time.time()
-    for d, causal, n in configs(args):
+    if args.varlen:
+        todo = [(d, causal, None) for d in args.head_dims for causal in args.masks]
+    else:
+        todo = list(configs(args))
+    for d, causal, n in todo:
         for impl in args.impls:
-            for r in time_impl(torch, F, args, impl, backends[impl], d, causal, n, dtype, timer):
+            if n is None:
+                got = time_varlen(torch, F, args, impl, backends[impl], d, causal, dtype, timer)
+            else:
+                got = time_impl(torch, F, args, impl, backends[impl], d, causal, n, dtype, timer)
+            for r in got:
                 rows.append(r)
                 print(fmt_row(r), flush=True)
     print("peers.py: %d rows in %.1f s" % (len(rows), time.time() - t0))
@@ -313,7 +419,7 @@ def main(argv=None):
                 "max_time_s": args.max_time, "pause_s": args.pause,
                 "rotate_bytes": args.rotate_bytes,
                 "tokens": args.tokens, "model_dim": args.model_dim, "heads": args.heads,
-                "heads_kv": args.heads_kv, "seed": str(seed),
+                "heads_kv": args.heads_kv, "varlen_lens": args.varlen, "seed": str(seed),
                 "flops_rule": "fwd 4*B*H*d per visible (query, key) pair, causal square = "
                               "half; bwd 2.5x fwd",
                 "time_rule": "median over calls of CUDA event pairs around each call, after "
