@@ -220,9 +220,9 @@ def time_impl(torch, F, args, impl, backend, d, causal, n, dtype, timer):
 
 def time_varlen(torch, F, args, impl, backend, d, causal, dtype, timer):
     """Rows of one implementation on the packed batch of --varlen: SDPA on a nested (jagged)
-    tensor, and on the batch padded to its longest sequence (right padding: under the causal
-    mask every real row sees only real keys); each path timed, the faster kept, the row's
-    kernel naming it. FLOPs count the real sequences only, as flashattn bench does."""
+    tensor, and, causal only, on the batch padded to its longest sequence (right padding: under
+    the causal mask every real row sees only real keys); each path timed, the faster kept, the
+    row's kernel naming it. FLOPs count the real sequences only, as flashattn bench does."""
     from torch.nn.attention import sdpa_kernel
 
     lens = args.varlen
@@ -255,7 +255,9 @@ def time_varlen(torch, F, args, impl, backend, d, causal, dtype, timer):
     raw = [(packed(h), packed(hk), packed(hk)) for _ in range(nsets)]
     best = {}
     with sdpa_kernel([backend]):
-        for path, make in (("nested", as_nested), ("padded", as_padded)):
+        # padding is the same attention only under the causal mask (no real row reaches a pad)
+        paths = (("nested", as_nested), ("padded", as_padded)) if causal else (("nested", as_nested),)
+        for path, make in paths:
             try:
                 sets = [tuple(make(t) for t in qkv) for qkv in raw]
                 gqa = h != hk
