@@ -10,6 +10,12 @@
 # (default "decode"); BUDGET_S (default 560).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+# NCCL for test_cp / bench_cp: no NVLink SHARP (the device rules), torch's library unless given
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if [ -z "${FLASHATTN_NCCL_LIBRARY:-}" ]; then
+  nccl=$(ls /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2 2>/dev/null | head -1)
+  [ -n "$nccl" ] && export FLASHATTN_NCCL_LIBRARY=$nccl
+fi
 export OUT=${OUT:-/tmp/fa-round-out}
 mkdir -p "$OUT"
 R=$OUT/round.txt
