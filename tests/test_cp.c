@@ -14,7 +14,8 @@
  *
  * Skips (77, with the reason) without the CUDA backend, a GPU, or libnccl.so.2 (set
  * FLASHATTN_NCCL_LIBRARY to its path: torch's wheel has one in site-packages/nvidia/nccl/lib).
- * CP_WORLD=n limits the multi-GPU world to n devices.
+ * CP_WORLD=n limits the multi-GPU world to n devices; CP_STREAM=nonblocking runs each rank on a
+ * non-blocking stream of its own; CP_TIMEOUT=s is the watchdog's limit.
  */
 #include <math.h>
 #include <pthread.h>
@@ -156,6 +157,13 @@ static void *run_rank(void *arg) {
         snprintf(j->msg, sizeof j->msg, "context: %s", fa_last_error(NULL));
         return NULL;
     }
+    /* CP_STREAM=nonblocking: the ranks' calls on a non-blocking stream of their own instead of
+       the legacy default stream (which waits for every blocking stream of its device) */
+    cudaStream_t own = NULL;
+    const char *sm = getenv("CP_STREAM");
+    if (sm && !strcmp(sm, "nonblocking") &&
+        cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking) == cudaSuccess)
+        fa_context_set_stream(ctx, own);
     void *dq_ = dev_alloc(qb, j->q, 0), *dk_ = dev_alloc(kb, j->k, 0), *dv_ = dev_alloc(kb, j->v, 0);
     void *ddo = dev_alloc(qb, j->dout, 0), *dout = dev_alloc(qb, NULL, 1);
     void *dlse = dev_alloc(lb, NULL, 1), *gq = dev_alloc(qb, NULL, 1);
@@ -211,6 +219,7 @@ static void *run_rank(void *arg) {
     void *all[] = {dq_, dk_, dv_, ddo, dout, dlse, gq, gk, gv};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) cudaFree(all[i]);
     fa_context_destroy(ctx);
+    if (own) cudaStreamDestroy(own);
     return NULL;
 }
 
