@@ -26,8 +26,8 @@ over rounds of each side's median is reported, with GFLOP/s (forward 4 B H Nq Nk
 causal) and, for decode, GB/s of K/V read (2 B len Hkv d size).
 
 Before timing, a guard compares ggml's output with ours (the Python package on numpy arrays,
-through build-cpu's libflashattn) on a small odd-sized causal GQA shape and a decode shape in
-f16 and f32, and exits non-zero when max |diff| exceeds the tolerance: a wrong layout cannot
+through build-cpu's libflashattn) on a small odd-sized causal GQA shape, a non-causal one and a
+decode shape in f32, f16 and bf16, and exits non-zero when max |diff| exceeds the tolerance: a wrong layout cannot
 produce a fast wrong number.
 
     python3 bench/cpu_vs_ggml.py --tool build-cpu/tools/flashattn --rounds 3 \\
@@ -61,13 +61,14 @@ def ensure_venv(path):
         print(f"making {path} with {GGML_PYTHON} (ggml built from source, a few minutes)",
               flush=True)
         subprocess.run([sys.executable, "-m", "venv", path], check=True)
-    probe = subprocess.run([py, "-c", "import ggml, numpy; print(ggml.__version__)"],
+    probe = subprocess.run([py, "-c", "import ggml, numpy, ml_dtypes; print(ggml.__version__)"],
                            capture_output=True, text=True)
     if probe.returncode != 0 or probe.stdout.strip() != GGML_PYTHON.split("==")[1]:
         env = dict(os.environ, CMAKE_ARGS=CMAKE_ARGS,
                    CMAKE_BUILD_PARALLEL_LEVEL=os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", "2"))
+        # ml_dtypes: numpy's bfloat16, for the guard's bf16 cases through our package
         subprocess.run([py, "-m", "pip", "install", "--no-binary", "ggml-python", "numpy",
-                        GGML_PYTHON], check=True, env=env)
+                        "ml_dtypes", GGML_PYTHON], check=True, env=env)
     os.execv(py, [py] + sys.argv)
 
 
@@ -245,10 +246,12 @@ def guard(a, gg):
                   seqlen_k=45, causal=False),
              dict(op="decode", batch=2, heads_q=32, heads_kv=8, head_dim=128, seqlen_q=1,
                   seqlen_k=1000, causal=True)]
-    tol = {"f32": 1e-3, "f16": 1e-2}
+    import ml_dtypes
+    tol = {"f32": 1e-3, "f16": 1e-2, "bf16": 3e-2}
     worst = 0.0
     for c in cases:
-        for dt, npt in (("f32", np.float32), ("f16", np.float16)):
+        for dt, npt in (("f32", np.float32), ("f16", np.float16),
+                        ("bf16", ml_dtypes.bfloat16)):
             r = dict(c, dtype=dt)
             q, k, v = normal_inputs(np, r, 7)
             q, k, v = (x.astype(npt).astype(np.float32) for x in (q, k, v))
@@ -307,7 +310,7 @@ def markdown(a, rows, meta):
            "reads q in f32 only), K/V in the row's type; causal prefill through its f16 mask; "
            "decode without a mask (one bottom-right query row sees every key). "
            f"Guard before timing: max |ggml - ours| {meta['guard_max_diff']:.2e} on small "
-           "f16/f32 shapes (GQA, causal, decode).", "",
+           "f32/f16/bf16 shapes (GQA, causal, decode).", "",
            "| row | ours ms | GFLOP/s | GB/s | kernel | ggml ms | GFLOP/s | GB/s | ours/ggml |",
            "|---|---:|---:|---:|---|---:|---:|---:|---:|"]
     for r in rows:
