@@ -38,6 +38,7 @@ import argparse
 import ctypes
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -402,7 +403,7 @@ def main():
                 ggml_version=GGML_VENDORED, ggml_features=", ".join(gf),
                 ours_version=flashattn.__version__ if hasattr(flashattn, "__version__") else
                 "flashattn", ours_features="; ".join(feats) or "see `flashattn info`",
-                command="python3 " + " ".join(sys.argv), guard_max_diff=worst, notes=notes)
+                command="python3 " + shlex.join(sys.argv), guard_max_diff=worst, notes=notes)
     md = markdown(a, out_rows, meta)
     print("\n" + md)
     worst_ratio = min((x["speedup_vs_ggml"] for x in out_rows), default=0)
