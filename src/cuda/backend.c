@@ -465,7 +465,19 @@ static fa_status cuda_bwd(fa_context *ctx, const fa_problem *pin, void *ws, size
 static fa_status check_kvcache(fa_context *ctx, const fa_problem *p) {
     const char *fn = "fa_fwd_kvcache";
     TRY(check_problem_scalars(ctx, fn, p));
-    /* d not a multiple of 8 runs on zero-padded copies of the rows the call reads (pad_kv.h) */
+    /* d not a multiple of 8 runs on zero-padded copies of the rows the call reads (pad_kv.h),
+       in a workspace of batch x capacity padded rows for K and V: a size that does not fit
+       the address space is refused here, before any byte count wraps */
+    int64_t rows, elems;
+    if (p->d % 8 &&
+        (__builtin_mul_overflow(p->batch, p->seqlen_k, &rows) ||
+         __builtin_mul_overflow(rows, p->heads_kv * ((p->d + 7) & ~(int64_t)7), &elems) ||
+         elems > ((int64_t)1 << 58)))
+        return fa_fail(ctx, FA_ERR_OVERFLOW,
+                       "%s: head_dim = %lld runs on zero-padded copies of the cache, and a copy "
+                       "of batch %lld x capacity %lld x heads_kv %lld rows is too large",
+                       fn, (long long)p->d, (long long)p->batch, (long long)p->seqlen_k,
+                       (long long)p->heads_kv);
     /* the decode kernels have no dropout (FlashAttention-2's KV-cache path has none either:
        inference does not drop); refused before anything runs rather than ignored */
     if (p->drop_p > 0)
