@@ -89,8 +89,8 @@ extern "C" {
 #define FA_VERSION_MINOR 2
 #define FA_VERSION_PATCH 4
 
-/* Largest head dimension any backend accepts (the CUDA backend takes 1..256 too, but its
-   KV-cache path multiples of 8 only). */
+/* Largest head dimension any backend accepts (the CUDA backend takes 1..256 too, in every
+   call). */
 #define FA_MAX_HEAD_DIM 256
 /* Largest fa_params.softmax_scale accepted: 2^126 (scale * log2(e) stays below FLT_MAX). */
 #define FA_MAX_SOFTMAX_SCALE 8.5070592e+37f
@@ -548,7 +548,8 @@ FA_API const fa_selection *fa_last_selection(const fa_context *ctx);
  * or q, k, v are FP8 (one of the two formats, CPU only, see fa_dtype) and out f32/f16/bf16.
  * d is 1..256 (d = 0 is FA_ERR_SHAPE, d > 256 FA_ERR_HEAD_DIM). On CUDA a d that is not a
  * multiple of 8 runs on zero-padded copies in the workspace (the selection's kernel name ends
- * in "_pad<d>"); fa_fwd_kvcache on CUDA takes multiples of 8 only (FA_ERR_HEAD_DIM).
+ * in "_pad<d>"); fa_fwd_kvcache too, copying the cache rows it reads into the workspace (a
+ * padded cache of batch x capacity rows) and the appended rows back: correct but slow.
  * out and lse must not overlap the inputs, nor each other, nor alias themselves (see the top of
  * this file; FA_ERR_INVALID_ARGUMENT).
  * Special values (the data is not checked; this is what the CPU kernels and the reference do):
