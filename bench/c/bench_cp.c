@@ -46,16 +46,20 @@ typedef struct rank_job {
 /* A device buffer of `elems` bf16 values, filled from a tiled block of random ones. */
 static void *dev_random(size_t elems, uint64_t seed) {
     enum { BLOCK = 1 << 20 };
-    static uint16_t host[BLOCK];
+    uint16_t *host = malloc(BLOCK * sizeof *host); /* per call: the ranks fill at once */
+    void *p = NULL;
+    if (!host || cudaMalloc(&p, elems * 2) != cudaSuccess) {
+        free(host);
+        return NULL;
+    }
     tk_rng r;
     tk_rng_init(&r, seed);
     for (int i = 0; i < BLOCK; i++) host[i] = tk_bf16_bits(tk_rng_normal(&r));
-    void *p = NULL;
-    if (cudaMalloc(&p, elems * 2) != cudaSuccess) return NULL;
     for (size_t off = 0; off < elems; off += BLOCK) {
         size_t n = elems - off < BLOCK ? elems - off : BLOCK;
         cudaMemcpy((uint16_t *)p + off, host, n * 2, cudaMemcpyHostToDevice);
     }
+    free(host);
     return p;
 }
 
