@@ -62,14 +62,10 @@ static fa_cuda_pad_cache cache_of(const fa_problem *p, const fa_problem *kp, fa_
 
 /* The q-like copy of buffer i (pad.h's row copy). */
 static fa_cuda_pad_rows rows(const fa_problem *p, const fa_problem *kp, int i) {
-    fa_cuda_pad_rows r;
-    const fa_operand *u = op_of((fa_problem *)p, i), *b = op_of((fa_problem *)kp, i);
-    r.user = u->data, r.sb = u->sb, r.st = u->st, r.sh = u->sh;
-    r.buf = b->data;
-    rows_of(p, i, &r.nb, &r.nt, &r.nh);
-    r.d = (int)p->d, r.dp = (int)kp->d;
-    r.tokens = NULL;
-    return r;
+    int64_t nb, nt, nh;
+    rows_of(p, i, &nb, &nt, &nh);
+    return fa_cuda_pad_rows_of(op_of((fa_problem *)p, i), op_of((fa_problem *)kp, i), nb, nt,
+                               nh, (int)p->d, (int)kp->d);
 }
 
 fa_status fa_cuda_pad_kv_in(const fa_problem *p, void *buf, fa_bad_index *bad, fa_problem *kp,
