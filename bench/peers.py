@@ -140,6 +140,42 @@ def gqa_mode(torch, F, sets, h, hk, causal):
         return "repeat_kv", rep
 
 
+def calls(torch, F, sets, causal, gqa, need_bwd):
+    """The timed calls on input set i % len(sets): the forward, and the backward alone
+    (autograd.grad on a graph built once per set and kept)."""
+    nsets = len(sets)
+
+    def attend(q, k, v):
+        kw = {"enable_gqa": True} if gqa else {}
+        return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), **kw)
+
+    def fwd(i):
+        return attend(*sets[i % nsets])
+
+    graphs = []
+    if need_bwd:
+        for q, k, v in sets:
+            out = attend(q, k, v)
+            graphs.append((out, torch.randn_like(out), (q, k, v)))
+
+    def bwd(i):
+        out, dout, inputs = graphs[i % nsets]
+        return torch.autograd.grad(out, inputs, dout, retain_graph=True)
+
+    return fwd, bwd
+
+
+def measure(args, timer, fn, flops):
+    """Warm-up calls, then enough timed ones (rep_count); the row's timing fields."""
+    warm, _ = timer.run(fn, 0, args.warmup) if args.warmup else ([], 0)
+    reps = rep_count(args, min(warm) if warm else 0)
+    times, span = timer.run(fn, args.warmup, reps)
+    med = statistics.median(times)
+    return dict(status="ok", reps=reps, median_s=med, min_s=min(times), max_s=max(times),
+                span_mean_s=span, flops=flops, gflops=flops / med * 1e-9,
+                tflops=flops / med * 1e-12)
+
+
 def time_impl(torch, F, args, impl, backend, d, causal, n, dtype, timer):
     """Rows (fwd and/or bwd) of one implementation on one configuration."""
     from torch.nn.attention import sdpa_kernel
@@ -167,26 +203,7 @@ def time_impl(torch, F, args, impl, backend, d, causal, n, dtype, timer):
             if mode:
                 base["kernel"] += "+" + mode
             nsets = len(sets)
-            gqa = mode == "gqa"
-
-            def attend(q, k, v):
-                if gqa:
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal),
-                                                          enable_gqa=True)
-                return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
-
-            def fwd(i):
-                return attend(*sets[i % nsets])
-
-            graphs = []
-            if "bwd" in ops:
-                for q, k, v in sets:
-                    out = attend(q, k, v)
-                    graphs.append((out, torch.randn_like(out), (q, k, v)))
-
-            def bwd(i):
-                out, dout, inputs = graphs[i % nsets]
-                return torch.autograd.grad(out, inputs, dout, retain_graph=True)
+            fwd, bwd = calls(torch, F, sets, causal, mode == "gqa", "bwd" in ops)
 
             for op in ops:
                 fn = fwd if op == "fwd" else bwd
@@ -195,14 +212,7 @@ def time_impl(torch, F, args, impl, backend, d, causal, n, dtype, timer):
                     if args.pause > 0:  # the inputs' fill done, then idle: every row alike
                         torch.cuda.synchronize()
                         time.sleep(args.pause)
-                    warm, _ = timer.run(fn, 0, args.warmup) if args.warmup else ([], 0)
-                    reps = rep_count(args, min(warm) if warm else 0)
-                    times, span = timer.run(fn, args.warmup, reps)
-                    med = statistics.median(times)
-                    f = flops * (2.5 if op == "bwd" else 1.0)
-                    row.update(status="ok", reps=reps, median_s=med, min_s=min(times),
-                               max_s=max(times), span_mean_s=span, flops=f,
-                               gflops=f / med * 1e-9, tflops=f / med * 1e-12)
+                    row.update(measure(args, timer, fn, flops * (2.5 if op == "bwd" else 1.0)))
                 except RuntimeError as e:
                     row.update(status="error", error=str(e).strip().splitlines()[0][:400])
                 rows.append(row)
@@ -213,8 +223,7 @@ def time_impl(torch, F, args, impl, backend, d, causal, n, dtype, timer):
             if op not in done:
                 rows.append(dict(base, op=op, status="error", error=msg))
     finally:
-        sets = None
-        graphs = None
+        sets = fwd = bwd = None  # the closures hold the sets' graphs
     return rows
 
 
@@ -260,45 +269,19 @@ def time_varlen(torch, F, args, impl, backend, d, causal, dtype, timer):
         for path, make in paths:
             try:
                 sets = [tuple(make(t) for t in qkv) for qkv in raw]
-                gqa = h != hk
-
-                def attend(q, k, v):
-                    kw = {"enable_gqa": True} if gqa else {}
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), **kw)
-
-                def fwd(i):
-                    return attend(*sets[i % nsets])
-
-                graphs = []
-                if "bwd" in ops:
-                    for q, k, v in sets:
-                        out = attend(q, k, v)
-                        dout = torch.randn_like(out)
-                        graphs.append((out, dout, (q, k, v)))
-
-                def bwd(i):
-                    out, dout, inputs = graphs[i % nsets]
-                    return torch.autograd.grad(out, inputs, dout, retain_graph=True)
-
+                fwd, bwd = calls(torch, F, sets, causal, h != hk, "bwd" in ops)
                 for op in ops:
                     fn = fwd if op == "fwd" else bwd
-                    warm, _ = timer.run(fn, 0, args.warmup) if args.warmup else ([], 0)
-                    reps = rep_count(args, min(warm) if warm else 0)
-                    times, span = timer.run(fn, args.warmup, reps)
-                    med = statistics.median(times)
-                    if op not in best or med < best[op]["median_s"]:
-                        f = flops * (2.5 if op == "bwd" else 1.0)
-                        best[op] = dict(base, op=op, sets=nsets, status="ok", reps=reps,
-                                        median_s=med, min_s=min(times), max_s=max(times),
-                                        span_mean_s=span, flops=f, gflops=f / med * 1e-9,
-                                        tflops=f / med * 1e-12,
-                                        kernel="torch.sdpa/%s:%s" % (impl, path))
+                    m = measure(args, timer, fn, flops * (2.5 if op == "bwd" else 1.0))
+                    if op not in best or m["median_s"] < best[op]["median_s"]:
+                        best[op] = dict(base, op=op, sets=nsets, kernel="torch.sdpa/%s:%s" % (
+                            impl, path), **m)
             except (RuntimeError, NotImplementedError) as e:
                 for op in ops:
                     best.setdefault("err:" + op, "%s: %s" % (
                         path, str(e).strip().splitlines()[0][:300]))
             finally:
-                sets = graphs = None
+                sets = fwd = bwd = None
     rows = []
     for op in ops:
         if op in best:
