@@ -75,7 +75,8 @@ extern "C" {
 #define FA_API
 #endif
 
-/* 0.2.4: context parallelism over NCCL (fa_cp_fwd, fa_cp_bwd, fa_cp_shard_len, fa_cp_args),
+/* 0.2.5: fa_cp_fwd_workspace_size and fa_cp_bwd_workspace_size, added.
+   0.2.4: context parallelism over NCCL (fa_cp_fwd, fa_cp_bwd, fa_cp_shard_len, fa_cp_args),
    added.
    0.2.3: fa_params version 3 (fused rotary embedding and cache_leftpad of fa_fwd_kvcache),
    appended.
@@ -87,7 +88,7 @@ extern "C" {
    libflashattn.so.0.2). */
 #define FA_VERSION_MAJOR 0
 #define FA_VERSION_MINOR 2
-#define FA_VERSION_PATCH 4
+#define FA_VERSION_PATCH 5
 
 /* Largest head dimension any backend accepts (the CUDA backend takes 1..256 too, in every
    call). */
@@ -808,6 +809,14 @@ FA_API fa_status fa_quantize_fp8(fa_context *ctx, const fa_tensor *x, fa_tensor 
  * (FA_ERR_UNSUPPORTED). Several communicators driven by one thread (ncclCommInitAll) need one
  * thread per device: a call waits for nothing, but NCCL groups one thread's calls only inside
  * ncclGroupStart/End, and this call holds its own group per hop.
+ * One process driving several GPUs must also allocate nothing while a ring is in flight: CUDA's
+ * allocation calls (cudaMalloc, cudaFree, cudaHostAlloc, copies from pageable memory) take a
+ * lock of the whole process and may wait for a device's queued work, and a ring hop queued on
+ * one device waits for the peer thread's call, which that lock holds back: a deadlock. Such a
+ * caller gives each rank's context its workspace before the first call (the larger of
+ * fa_cp_fwd_workspace_size and fa_cp_bwd_workspace_size, fa_context_set_workspace), makes its
+ * allocations before a barrier of all rank threads, and frees after the ranks synchronised
+ * (tests/test_cp.c does). One process per GPU (torchrun) has no such shared lock.
  *
  * Arguments (fa_cp_args, from fa_cp_args_default()):
  *   q         [batch, shard_len, heads_q, d]  this rank's shard of Q (CUDA, f16 or bf16)
@@ -887,6 +896,15 @@ FA_API fa_status fa_cp_fwd(fa_context *ctx, void *nccl_comm, const fa_cp_args *a
 /* The ring attention backward: dq, dk, dv of this rank's shards, from the forward's out and
    lse and dout. */
 FA_API fa_status fa_cp_bwd(fa_context *ctx, void *nccl_comm, const fa_cp_args *a);
+
+/* Bytes of workspace fa_cp_fwd / fa_cp_bwd would use for these arguments on this rank,
+   validated as the call validates them (the communicator is asked for its size and rank; no
+   transfer is made). The outputs the query lacks may be NULL: out, dout and dq stand in as
+   q, dk and dv as k (only shapes are read); lse is required, as by the calls. */
+FA_API fa_status fa_cp_fwd_workspace_size(fa_context *ctx, void *nccl_comm, const fa_cp_args *a,
+                                          size_t *bytes);
+FA_API fa_status fa_cp_bwd_workspace_size(fa_context *ctx, void *nccl_comm, const fa_cp_args *a,
+                                          size_t *bytes);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Introspection                                                                              */

@@ -9,7 +9,10 @@
  * Worlds: 1 (one communicator on GPU 0, ncclCommInitAll) always, and n = every visible GPU
  * (up to 8) when there are two or more: one process, ncclCommInitAll over the n devices and
  * one thread per device (each thread's calls are the only ones on its communicator, so no
- * ncclGroupStart/End is needed around them). Cases: causal or not, GQA, sequence lengths not
+ * ncclGroupStart/End is needed around them). Each rank allocates everything, its workspace
+ * included (fa_cp_*_workspace_size, fa_context_set_workspace), before a barrier of all ranks,
+ * and frees after a second one that follows its synchronisation: an allocation while a peer's
+ * ring is in flight can deadlock one process (flashattn.h, context parallelism). Cases: causal or not, GQA, sequence lengths not
  * divisible by 2n, both layouts, f16 and bf16.
  *
  * Skips (77, with the reason) without the CUDA backend, a GPU, or libnccl.so.2 (set
@@ -127,6 +130,7 @@ typedef struct job {
     const cp_case *c;
     int dev, world, rank;
     void *comm;
+    pthread_barrier_t *bar; /* every rank waits at both, failed or not */
     int64_t n;
     /* host shards, dtype (lse f32) */
     void *q, *k, *v, *dout, *out, *lse, *dq, *dk, *dv;
@@ -160,6 +164,7 @@ static void *run_rank(void *arg) {
     /* CP_STREAM=nonblocking: the ranks' calls on a non-blocking stream of their own instead of
        the legacy default stream (which waits for every blocking stream of its device) */
     cudaStream_t own = NULL;
+    void *ws = NULL;
     const char *sm = getenv("CP_STREAM");
     if (sm && !strcmp(sm, "nonblocking") &&
         cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking) == cudaSuccess)
@@ -168,7 +173,6 @@ static void *run_rank(void *arg) {
     void *ddo = dev_alloc(qb, j->dout, 0), *dout = dev_alloc(qb, NULL, 1);
     void *dlse = dev_alloc(lb, NULL, 1), *gq = dev_alloc(qb, NULL, 1);
     void *gk = dev_alloc(kb, NULL, 1), *gv = dev_alloc(kb, NULL, 1);
-    cudaDeviceSynchronize();
     fa_tensor q = fa_tensor_bshd(dq_, c->dt, FA_DEVICE_CUDA, c->b, j->n, c->hq, c->d);
     fa_tensor k = fa_tensor_bshd(dk_, c->dt, FA_DEVICE_CUDA, c->b, j->n, c->hk, c->d);
     fa_tensor v = fa_tensor_bshd(dv_, c->dt, FA_DEVICE_CUDA, c->b, j->n, c->hk, c->d);
@@ -189,34 +193,53 @@ static void *run_rank(void *arg) {
     a.p = &p;
     a.out = &o;
     a.lse = &lse;
-    set_phase("world %d rank %d: fa_cp_fwd", j->world, j->rank);
-    j->st = fa_cp_fwd(ctx, j->comm, &a);
+    a.dout = &dO;
+    a.dq = &tq;
+    a.dk = &tk;
+    a.dv = &tv;
+    /* the workspace of both calls, allocated now (see the file's comment) */
+    size_t wf = 0, wb = 0;
+    j->st = fa_cp_fwd_workspace_size(ctx, j->comm, &a, &wf);
+    if (j->st == FA_OK) j->st = fa_cp_bwd_workspace_size(ctx, j->comm, &a, &wb);
     if (j->st == FA_OK) {
-        set_phase("world %d rank %d: fa_cp_bwd", j->world, j->rank);
-        a.dout = &dO;
-        a.dq = &tq;
-        a.dk = &tk;
-        a.dv = &tv;
-        j->st = fa_cp_bwd(ctx, j->comm, &a);
+        ws = dev_alloc(wf > wb ? wf : wb, NULL, 1);
+        j->st = ws ? fa_context_set_workspace(ctx, ws, wf > wb ? wf : wb) : FA_ERR_OUT_OF_MEMORY;
+    }
+    if (j->st != FA_OK) snprintf(j->msg, sizeof j->msg, "workspace: %s", fa_last_error(ctx));
+    cudaDeviceSynchronize();
+    set_phase("world %d rank %d: barrier before the calls", j->world, j->rank);
+    pthread_barrier_wait(j->bar);
+    if (j->st == FA_OK) {
+        set_phase("world %d rank %d: fa_cp_fwd", j->world, j->rank);
+        j->st = fa_cp_fwd(ctx, j->comm, &a);
     }
     if (j->st == FA_OK) {
-        set_phase("world %d rank %d: synchronizing after the calls", j->world, j->rank);
+        set_phase("world %d rank %d: fa_cp_bwd", j->world, j->rank);
+        j->st = fa_cp_bwd(ctx, j->comm, &a);
+        if (j->st != FA_OK) snprintf(j->msg, sizeof j->msg, "%s", fa_last_error(ctx));
+    } else if (!j->msg[0]) {
+        snprintf(j->msg, sizeof j->msg, "%s", fa_last_error(ctx));
+    }
+    if (j->st == FA_OK) {
         const fa_selection *s = fa_last_selection(ctx);
         snprintf(j->kernel, sizeof j->kernel, "%s", s ? s->kernel : "?");
-        const cudaError_t e = cudaDeviceSynchronize();
-        if (e != cudaSuccess) {
-            j->st = FA_ERR_CUDA;
-            snprintf(j->msg, sizeof j->msg, "after the calls: %s", cudaGetErrorString(e));
-        }
+    }
+    set_phase("world %d rank %d: synchronizing after the calls", j->world, j->rank);
+    const cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess && j->st == FA_OK) {
+        j->st = FA_ERR_CUDA;
+        snprintf(j->msg, sizeof j->msg, "after the calls: %s", cudaGetErrorString(e));
+    }
+    set_phase("world %d rank %d: barrier after the calls", j->world, j->rank);
+    pthread_barrier_wait(j->bar);
+    if (j->st == FA_OK) {
         cudaMemcpy(j->out, dout, qb, cudaMemcpyDeviceToHost);
         cudaMemcpy(j->lse, dlse, lb, cudaMemcpyDeviceToHost);
         cudaMemcpy(j->dq, gq, qb, cudaMemcpyDeviceToHost);
         cudaMemcpy(j->dk, gk, kb, cudaMemcpyDeviceToHost);
         cudaMemcpy(j->dv, gv, kb, cudaMemcpyDeviceToHost);
-    } else {
-        snprintf(j->msg, sizeof j->msg, "%s", fa_last_error(ctx));
     }
-    void *all[] = {dq_, dk_, dv_, ddo, dout, dlse, gq, gk, gv};
+    void *all[] = {dq_, dk_, dv_, ddo, dout, dlse, gq, gk, gv, ws};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) cudaFree(all[i]);
     fa_context_destroy(ctx);
     if (own) cudaStreamDestroy(own);
@@ -330,6 +353,8 @@ static int run_case(const cp_case *c, int world, const int *devs, void **comms, 
     const size_t E = fa_dtype_size(c->dt);
     job jobs[8];
     pthread_t th[8];
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, (unsigned)world);
     memset(jobs, 0, sizeof jobs);
     for (int i = 0; ok && i < world; i++) {
         job *j = &jobs[i];
@@ -338,6 +363,7 @@ static int run_case(const cp_case *c, int world, const int *devs, void **comms, 
         j->world = world;
         j->rank = i;
         j->comm = comms[i];
+        j->bar = &bar;
         j->n = fa_cp_shard_len(c->s, world, i, c->layout);
         const size_t qb = (size_t)(c->b * j->n * c->hq * c->d) * E + 16;
         const size_t kb = (size_t)(c->b * j->n * c->hk * c->d) * E + 16;
@@ -353,6 +379,7 @@ static int run_case(const cp_case *c, int world, const int *devs, void **comms, 
     }
     for (int i = 0; ok && i < world; i++) pthread_create(&th[i], NULL, run_rank, &jobs[i]);
     for (int i = 0; ok && i < world; i++) pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&bar);
     for (int i = 0; ok && i < world; i++) {
         job *j = &jobs[i];
         if (j->st != FA_OK) {

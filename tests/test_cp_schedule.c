@@ -182,6 +182,16 @@ static void test_doors(void) {
           fa_last_error(ctx), fa_status_string(want));
     CHECK(strstr(fa_last_error(ctx), "fa_cp_fwd") != NULL, "message names the call: %s",
           fa_last_error(ctx));
+    /* the workspace queries: the same doors, and bytes untouched on refusal */
+    size_t bytes = 12345;
+    CHECK(fa_cp_fwd_workspace_size(NULL, NULL, &a, &bytes) == FA_ERR_NULL_POINTER, "query ctx");
+    CHECK(fa_cp_bwd_workspace_size(ctx, NULL, &a, NULL) == FA_ERR_NULL_POINTER, "bytes NULL");
+    CHECK(strstr(fa_last_error(ctx), "bytes") != NULL, "names bytes: %s", fa_last_error(ctx));
+    const fa_status gq = fa_cp_bwd_workspace_size(ctx, NULL, &a, &bytes);
+    CHECK(gq == want && bytes == 12345, "query on a CPU context: %s (%s), bytes %zu",
+          fa_status_string(gq), fa_last_error(ctx), bytes);
+    CHECK(strstr(fa_last_error(ctx), "fa_cp_bwd_workspace_size") != NULL,
+          "query message names the call: %s", fa_last_error(ctx));
     fa_context_destroy(ctx);
 }
 

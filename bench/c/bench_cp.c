@@ -5,13 +5,15 @@
  *
  *   FLASHATTN_NCCL_LIBRARY=.../libnccl.so.2 build-gpu/bench/c/bench_cp [--tokens 131072]
  *       [--heads 32] [--heads-kv 8] [--head-dim 128] [--full] [--contiguous] [--world N]
- *       [--reps 10] [--warmup 3]
+ *       [--reps 10] [--warmup 3] [--no-baseline]
  *
  * Method: bf16 inputs of standard-normal-like values (never zeros), one thread per GPU
  * (ncclCommInitAll), each timed call between CUDA events on the context's stream after a
  * barrier of all ranks; per call the slowest rank's time (a ring step waits for its slowest
  * member), the median over calls. Forward + backward is fa_cp_fwd then fa_cp_bwd (fa_fwd then
- * fa_bwd on one GPU). Efficiency = T(1 GPU) / (n * T(n)). Exits 77 without GPUs or NCCL.
+ * fa_bwd on one GPU). Efficiency = T(1 GPU) / (n * T(n)); --no-baseline skips the one-GPU
+ * run (a sequence one GPU takes too long for) and prints TFLOP/s per GPU only. Exits 77
+ * without GPUs or NCCL.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -29,7 +31,7 @@
 
 typedef struct cfg {
     int64_t tokens, hq, hk, d;
-    int causal, layout, world, reps, warmup;
+    int causal, layout, world, reps, warmup, baseline;
 } cfg;
 
 /* Timings of one rank (or of the one-GPU run): [0] forward, [1] forward + backward. */
@@ -115,6 +117,20 @@ static void *run_rank(void *arg) {
     fa_cp_args a = fa_cp_args_default();
     a.q = &q, a.k = &k, a.v = &v, a.seqlen = c->tokens, a.layout = c->layout, a.p = &p;
     a.out = &o, a.lse = &lse, a.dout = &dO, a.dq = &dq, a.dk = &dk, a.dv = &dv;
+    /* the ring's workspace allocated before the first barrier: an allocation while a peer's
+       ring is in flight can deadlock one process (flashattn.h, context parallelism) */
+    if (j->n > 1 && j->st == FA_OK) {
+        size_t wf = 0, wb = 0;
+        j->st = fa_cp_fwd_workspace_size(ctx, j->comm, &a, &wf);
+        if (j->st == FA_OK) j->st = fa_cp_bwd_workspace_size(ctx, j->comm, &a, &wb);
+        if (j->st == FA_OK) {
+            buf[9] = dev_empty(wf > wb ? wf : wb);
+            j->st = buf[9] ? fa_context_set_workspace(ctx, buf[9], wf > wb ? wf : wb)
+                           : FA_ERR_OUT_OF_MEMORY;
+        }
+        if (j->st != FA_OK) snprintf(j->msg, sizeof j->msg, "workspace: %s", fa_last_error(ctx));
+    }
+    cudaDeviceSynchronize();
     for (int op = 0; op < 2; op++)
         for (int i = -c->warmup; i < c->reps; i++) {
             /* every rank takes part in every barrier, failed or not, so none waits forever */
@@ -139,7 +155,8 @@ static void *run_rank(void *arg) {
         }
     const fa_selection *sel = ctx ? fa_last_selection(ctx) : NULL;
     snprintf(j->kernel, sizeof j->kernel, "%s", sel ? sel->kernel : "?");
-    for (int i = 0; i < 9; i++) cudaFree(buf[i]);
+    if (j->bar) pthread_barrier_wait(j->bar); /* every ring finished before any free */
+    for (int i = 0; i < 10; i++) cudaFree(buf[i]);
     if (ev[0]) cudaEventDestroy(ev[0]);
     if (ev[1]) cudaEventDestroy(ev[1]);
     if (stream) cudaStreamDestroy(stream);
@@ -172,6 +189,7 @@ static int parse(int argc, char **argv, cfg *c) {
         int *inum = !strcmp(o, "--world") ? &c->world : !strcmp(o, "--reps") ? &c->reps
                   : !strcmp(o, "--warmup") ? &c->warmup : NULL;
         if (!strcmp(o, "--full")) c->causal = 0;
+        else if (!strcmp(o, "--no-baseline")) c->baseline = 0;
         else if (!strcmp(o, "--contiguous")) c->layout = FA_CP_CONTIGUOUS;
         else if ((num || inum) && val) {
             char *end;
@@ -187,11 +205,11 @@ static int parse(int argc, char **argv, cfg *c) {
 }
 
 int main(int argc, char **argv) {
-    cfg c = {131072, 32, 8, 128, 1, FA_CP_ZIGZAG, 0, 10, 3};
+    cfg c = {131072, 32, 8, 128, 1, FA_CP_ZIGZAG, 0, 10, 3, 1};
     if (!parse(argc, argv, &c)) {
         fprintf(stderr, "usage: bench_cp [--tokens N] [--heads H] [--heads-kv H] [--head-dim D] "
                         "[--full] [--contiguous] [--world N (2..8)] [--reps N (1..%d)] "
-                        "[--warmup N]\n", MAX_REPS);
+                        "[--warmup N] [--no-baseline]\n", MAX_REPS);
         return 2;
     }
     int ndev = 0;
@@ -212,8 +230,8 @@ int main(int argc, char **argv) {
            c.reps, c.warmup);
 
     rank_job one = {.c = &c, .rank = 0, .n = 1};
-    run_rank(&one);
-    if (one.st != FA_OK) {
+    if (c.baseline) run_rank(&one);
+    if (c.baseline && one.st != FA_OK) {
         printf("1 GPU: %s: %s\n", fa_status_string(one.st), one.msg);
         return 1;
     }
@@ -249,12 +267,18 @@ int main(int argc, char **argv) {
     printf("| op | GPUs | ms | TFLOP/s per GPU | 1-GPU ms | efficiency | kernel |\n"
            "|---|---:|---:|---:|---:|---:|---|\n");
     for (int op = 0; op < 2; op++) {
-        const double t1 = step_ms(&one, 1, op, c.reps), tn = step_ms(jobs, n, op, c.reps);
-        const double f = fl * (op ? 3.5 : 1.0);
-        printf("| %s | 1 | %.2f | %.1f | %.2f | 1.000 | %s |\n", op ? "fwd+bwd" : "fwd", t1,
-               f / t1 * 1e-9, t1, one.kernel);
-        printf("| %s | %d | %.2f | %.1f | %.2f | %.3f | %s |\n", op ? "fwd+bwd" : "fwd", n, tn,
-               f / n / tn * 1e-9, t1, t1 / (n * tn), jobs[0].kernel);
+        const double tn = step_ms(jobs, n, op, c.reps), f = fl * (op ? 3.5 : 1.0);
+        const char *name = op ? "fwd+bwd" : "fwd";
+        if (!c.baseline) { /* per-GPU throughput only (compare it with a 1-GPU rate) */
+            printf("| %s | %d | %.2f | %.1f | - | - | %s |\n", name, n, tn, f / n / tn * 1e-9,
+                   jobs[0].kernel);
+            continue;
+        }
+        const double t1 = step_ms(&one, 1, op, c.reps);
+        printf("| %s | 1 | %.2f | %.1f | %.2f | 1.000 | %s |\n", name, t1, f / t1 * 1e-9, t1,
+               one.kernel);
+        printf("| %s | %d | %.2f | %.1f | %.2f | %.3f | %s |\n", name, n, tn, f / n / tn * 1e-9,
+               t1, t1 / (n * tn), jobs[0].kernel);
     }
     return 0;
 }
