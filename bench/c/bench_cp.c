@@ -42,7 +42,7 @@ typedef struct rank_job {
     pthread_barrier_t *bar;
     float ms[2][MAX_REPS];
     fa_status st;
-    char msg[300], kernel[96];
+    char msg[300], kernel[2][96]; /* the selection record after each op's calls */
 } rank_job;
 
 /* A device buffer of `elems` bf16 values, filled from a tiled block of random ones. */
@@ -152,9 +152,10 @@ static void *run_rank(void *arg) {
             }
             if (j->st != FA_OK && !j->msg[0]) snprintf(j->msg, sizeof j->msg, "%s", fa_last_error(ctx));
             if (i >= 0) cudaEventElapsedTime(&j->ms[op][i], ev[0], ev[1]);
+            /* op 1's record is the backward's: the forward's kernel is op 0's */
+            const fa_selection *sel = j->st == FA_OK ? fa_last_selection(ctx) : NULL;
+            snprintf(j->kernel[op], sizeof j->kernel[op], "%s", sel ? sel->kernel : "?");
         }
-    const fa_selection *sel = ctx ? fa_last_selection(ctx) : NULL;
-    snprintf(j->kernel, sizeof j->kernel, "%s", sel ? sel->kernel : "?");
     if (j->bar) pthread_barrier_wait(j->bar); /* every ring finished before any free */
     for (int i = 0; i < 10; i++) cudaFree(buf[i]);
     if (ev[0]) cudaEventDestroy(ev[0]);
@@ -271,14 +272,14 @@ int main(int argc, char **argv) {
         const char *name = op ? "fwd+bwd" : "fwd";
         if (!c.baseline) { /* per-GPU throughput only (compare it with a 1-GPU rate) */
             printf("| %s | %d | %.2f | %.1f | - | - | %s |\n", name, n, tn, f / n / tn * 1e-9,
-                   jobs[0].kernel);
+                   jobs[0].kernel[op]);
             continue;
         }
         const double t1 = step_ms(&one, 1, op, c.reps);
         printf("| %s | 1 | %.2f | %.1f | %.2f | 1.000 | %s |\n", name, t1, f / t1 * 1e-9, t1,
-               one.kernel);
+               one.kernel[op]);
         printf("| %s | %d | %.2f | %.1f | %.2f | %.3f | %s |\n", name, n, tn, f / n / tn * 1e-9,
-               t1, t1 / (n * tn), jobs[0].kernel);
+               t1, t1 / (n * tn), jobs[0].kernel[op]);
     }
     return 0;
 }
