@@ -6,8 +6,9 @@
 #   run(command="COMMIT=<sha> bash bench/gpu_round.sh", carry=[".deps"], timeout_s=600)
 # Environment: COMMIT; CTEST_ARGS (default "-L gpu|python"); CPU_TESTS (a ctest -R regex for
 # the host CPU's levels, default the _amx and _avx512 entries); EXTRA (a command run after the
-# tests, e.g. a benchmark writing into $OUT); FUZZ_WORKERS (default 8, 0: none); STAGES_AFTER
-# (default "decode"); BUDGET_S (default 560).
+# tests, e.g. a benchmark writing into $OUT; its limit is what is left less EXTRA_RESERVE_S,
+# default 100, kept for the stages after it); FUZZ_WORKERS (default 8, 0: none); STAGES_AFTER
+# (default "decode"); BUDGET_S (default 560: the call's limit less the machine's start).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 # NCCL for test_cp / bench_cp: no NVLink SHARP (the device rules), torch's library unless given
@@ -41,7 +42,7 @@ ctest --test-dir build-gpu -R "${CPU_TESTS:-_amx\$|_avx512\$}" --timeout 120 >"$
 say "host CPU levels: $(grep -E "tests passed|tests failed" "$OUT/cpu-levels.txt")"
 grep -E "\*\*\*Failed|Not Run|Skipped" "$OUT/cpu-levels.txt" | head -10 | tee -a "$R"
 if [ -n "${EXTRA:-}" ]; then
-  timeout $(( $(left) - 100 )) bash -c "$EXTRA" >"$OUT/extra.txt" 2>&1
+  timeout $(( $(left) - ${EXTRA_RESERVE_S:-100} )) bash -c "$EXTRA" >"$OUT/extra.txt" 2>&1
   say "extra: rc $?"; tail -25 "$OUT/extra.txt" | tee -a "$R"
 fi
 if [ -n "${STAGES_AFTER-decode}" ] && [ "$(left)" -gt 150 ]; then
