@@ -65,10 +65,6 @@ def parse_args(argv=None):
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: gloo and wall-clock times, to try the code paths on a machine "
                    "without GPUs (use small --tokens)")
-    p.add_argument("--high-priority", action="store_true",
-                   help="the NCCL process group on high-priority streams "
-                   "(ProcessGroupNCCL.Options.is_high_priority_stream): the transfers' kernels "
-                   "placed before the step's attention kernel")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--json", help="write the results (rank 0) to this file, after every row")
@@ -299,7 +295,7 @@ class Bench:
         a, torch = self.a, self.torch
         m = {k: getattr(a, k) for k in ("tokens", "batch", "heads", "heads_k", "head_dim",
                                         "dtype", "causal", "layout", "warmup", "reps",
-                                        "device", "high_priority")}
+                                        "device")}
         m.update(torch=torch.__version__, gpus=self.n,
                  impls=[i[0] for i in a.impls], ops=a.ops,
                  card=torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
@@ -360,8 +356,7 @@ def table(m, rows, notes, comm=()):
              f"- shape: batch {m['batch']}, {m['tokens']} tokens, {m['heads']} query heads over "
              f"{m['heads_k']} kv heads, d {m['head_dim']}, {m['dtype']}, "
              f"{'causal' if m['causal'] else 'no mask'}, layout {m['layout']}",
-             f"- torch {m['torch']}, NCCL {m['nccl']}; env {m['env']}; NCCL streams "
-             f"{'high' if m.get('high_priority') else 'default'} priority",
+             f"- torch {m['torch']}, NCCL {m['nccl']}; env {m['env']}",
              f"- timing: median of {m['reps']} calls after {m['warmup']} warm-up calls, each after "
              "a barrier, CUDA events per rank (--device cpu: wall clock); ms = the slowest "
              "rank's median; FLOPs 4·B·H·S²·d (half causal), fwd+bwd 3.5x; "
@@ -408,11 +403,7 @@ def init(torch, dist, a):
     if a.device == "cuda":
         a.dev = torch.device("cuda", local)
         torch.cuda.set_device(a.dev)
-        opts = None
-        if a.high_priority:
-            opts = dist.ProcessGroupNCCL.Options()
-            opts.is_high_priority_stream = True
-        dist.init_process_group("nccl", device_id=a.dev, pg_options=opts)
+        dist.init_process_group("nccl", device_id=a.dev)
     else:
         a.dev = torch.device("cpu")
         dist.init_process_group("gloo")

@@ -3,12 +3,10 @@
 # bench/gpu_round.sh's EXTRA (after its build and package install), most important first, each
 # step bounded so that a hang costs its own limit only:
 #   1. test_cp over every GPU (worlds 1 and N) under its watchdog (CP_WORLD=2 too: CP_W2=1);
-#   2. bench_cp at 128k tokens (32/8 heads, d 128, bf16, causal, zigzag) on every GPU, with the
-#      transfers' stream at high priority (the default) and at default priority
-#      (FLASHATTN_CP_COMM_PRIORITY=0), then on 2 GPUs;
-#   3. bench_cp at 512k tokens on every GPU (no one-GPU baseline);
+#   2. bench_cp at 128k tokens (32/8 heads, d 128, bf16, causal, zigzag) on every GPU;
+#   3. bench_cp at 512k tokens on every GPU (no one-GPU baseline), and at 128k on 2 GPUs;
 #   4. bench/cp_bench.py under torchrun on every GPU (our Python ring and PyTorch's
-#      context_parallel, 128k; CP_PY_ARGS adds options, e.g. --high-priority);
+#      context_parallel, 128k; CP_PY_ARGS adds options);
 #   5. the Python suite's NCCL cases (test_distributed.py -k nccl).
 # Logs under $OUT; CP_S is this script's budget in seconds (default 400).
 set -uo pipefail
@@ -31,10 +29,9 @@ bcp() { # name, timeout, arguments...
   timeout "$t" "$B/tools/bench/bench_cp" "$@" >"$OUT/bench_cp_$name.txt" 2>&1
   echo "rc $?"; grep "^|" "$OUT/bench_cp_$name.txt" | tail -4
 }
-bcp "128k_w${N}_high" 80 --world "$N" --reps 5 --warmup 2
-FLASHATTN_CP_COMM_PRIORITY=0 bcp "128k_w${N}_default" 80 --world "$N" --reps 5 --warmup 2
-bcp "512k_w${N}_high" 90 --world "$N" --tokens 524288 --no-baseline --reps 3 --warmup 1
-[ "$N" -gt 2 ] && bcp 128k_w2_high 80 --world 2 --reps 5 --warmup 2
+bcp "128k_w$N" 80 --world "$N" --reps 5 --warmup 2
+bcp "512k_w$N" 90 --world "$N" --tokens 524288 --no-baseline --reps 3 --warmup 1
+[ "$N" -gt 2 ] && bcp 128k_w2 80 --world 2 --reps 5 --warmup 2
 if [ "$(left)" -gt 130 ]; then
   echo "== cp_bench.py 128k, world $N ${CP_PY_ARGS:-}"
   timeout $(( $(left) - 40 < 150 ? $(left) - 40 : 150 )) python3 -m torch.distributed.run \

@@ -17,7 +17,6 @@
  * dK/dV partial sum and of the sums travelling the ring (fp32, laid out as the K/V buffers).
  */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include <cuda_runtime_api.h>
@@ -415,21 +414,6 @@ static fa_status backward(ring *g, const fa_cp_problem *cp, const plan *pl, void
     return FA_OK;
 }
 
-/* The transfers' stream priority: the highest the device has. A hop and the step's attention
-   become ready together (the hop waits for what main queued before it); the attention kernel
-   is persistent, one block per SM, so whichever is placed first holds the SMs, and at normal
-   priority the transfer's kernel could wait for the whole step and serialise the ring (docs/cp.md,
-   "4 GPUs"). FLASHATTN_CP_COMM_PRIORITY=0 keeps the default priority (to measure the
-   difference). */
-static int comm_priority(void) {
-    const char *e = getenv("FLASHATTN_CP_COMM_PRIORITY");
-    int least = 0, greatest = 0;
-    if ((e && strcmp(e, "0") == 0) ||
-        cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess)
-        return 0;
-    return greatest;
-}
-
 fa_status fa_cp_cuda_run(fa_context *ctx, const fa_problem *p, void *ws, size_t ws_bytes) {
     const fa_cp_problem *cp = (const fa_cp_problem *)p;
     const char *fn = cp->bwd ? "fa_cp_bwd" : "fa_cp_fwd";
@@ -449,8 +433,7 @@ fa_status fa_cp_cuda_run(fa_context *ctx, const fa_problem *p, void *ws, size_t 
     g.prev = (cp->rank + cp->world - 1) % cp->world;
     /* a stream and events of the call's own: created here, released at the end (destroying
        them with work queued is allowed: CUDA frees them once that work is done) */
-    cudaError_t e = cudaStreamCreateWithPriority(&g.comm_stream, cudaStreamNonBlocking,
-                                                 comm_priority());
+    cudaError_t e = cudaStreamCreateWithFlags(&g.comm_stream, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&g.ready, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&g.kv_done, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&g.dkv_done, cudaEventDisableTiming);
