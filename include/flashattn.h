@@ -815,8 +815,10 @@ FA_API fa_status fa_quantize_fp8(fa_context *ctx, const fa_tensor *x, fa_tensor 
  * one device waits for the peer thread's call, which that lock holds back: a deadlock. Such a
  * caller gives each rank's context its workspace before the first call (the larger of
  * fa_cp_fwd_workspace_size and fa_cp_bwd_workspace_size, fa_context_set_workspace), makes its
- * allocations before a barrier of all rank threads, and frees after the ranks synchronised
- * (tests/test_cp.c does). One process per GPU (torchrun) has no such shared lock.
+ * allocations before a barrier of all rank threads, frees after the ranks synchronised, and
+ * loads CUDA's kernels eagerly (CUDA_MODULE_LOADING=EAGER in the environment before the first
+ * CUDA call: a kernel loaded lazily at its first launch allocates device memory too)
+ * (tests/test_cp.c does all three). One process per GPU (torchrun) has no such shared lock.
  *
  * Arguments (fa_cp_args, from fa_cp_args_default()):
  *   q         [batch, shard_len, heads_q, d]  this rank's shard of Q (CUDA, f16 or bf16)

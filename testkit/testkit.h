@@ -43,6 +43,10 @@ extern int (*tk_nccl_destroy)(void *comm);
 extern const char *(*tk_nccl_error)(int r);
 /* Destroys n communicators (NULL entries skipped), each from a thread of its own. */
 void tk_nccl_destroy_all(void **comms, int n);
+/* For a process that drives several GPUs' rings from threads, before its first CUDA call:
+   CUDA_MODULE_LOADING=EAGER (flashattn.h, context parallelism: a kernel loaded lazily at its
+   first launch allocates device memory, which can deadlock against a peer's ring in flight). */
+void tk_nccl_one_process(void);
 
 /* ---- scalar conversions, independent of the library's (used to fill and to cross-check) --- */
 

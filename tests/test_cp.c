@@ -17,6 +17,8 @@
  *
  * Skips (77, with the reason) without the CUDA backend, a GPU, or libnccl.so.2 (set
  * FLASHATTN_NCCL_LIBRARY to its path: torch's wheel has one in site-packages/nvidia/nccl/lib).
+ * Kernels are loaded eagerly (tk_nccl_one_process): at fc9db4d, lazily loaded, world 4 stopped
+ * in fa_cp_bwd at the first d 96 case, the first use of that kernel on GPUs 1..3.
  * CP_WORLD=n limits the multi-GPU world to n devices; CP_STREAM=nonblocking runs each rank on a
  * non-blocking stream of its own; CP_TIMEOUT=s is the watchdog's limit.
  */
@@ -502,6 +504,7 @@ static int run_world(int world, uint64_t seed) {
 }
 
 int main(void) {
+    tk_nccl_one_process();
     if (!fa_has_cuda()) {
         printf("SKIP: this build has no CUDA backend\n");
         return SKIP;

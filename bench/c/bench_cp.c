@@ -206,6 +206,7 @@ static int parse(int argc, char **argv, cfg *c) {
 }
 
 int main(int argc, char **argv) {
+    tk_nccl_one_process();
     cfg c = {131072, 32, 8, 128, 1, FA_CP_ZIGZAG, 0, 10, 3, 1};
     if (!parse(argc, argv, &c)) {
         fprintf(stderr, "usage: bench_cp [--tokens N] [--heads H] [--heads-kv H] [--head-dim D] "
