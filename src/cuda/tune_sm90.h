@@ -14,8 +14,9 @@ namespace fa {
 namespace sm90 {
 
 /* The tilings (fwd_sm90.cuh's Cfg, fwd_sm90_serial.cuh's SerialCfg): head dim, key tile
-   BN, ring stages, Q buffers, consumer warpgroups, the producer's registers. */
-template <int D, int BN, int STAGES, int NQ, int NC, int REG_P> struct Cfg;
+   BN, ring stages, Q buffers, consumer warpgroups, the producer's registers, bytes per input
+   element (2: f16/bf16; 1: FP8 e4m3, whose V is transposed in shared memory). */
+template <int D, int BN, int STAGES, int NQ, int NC, int REG_P, int E = 2> struct Cfg;
 template <int D, int BN, int STAGES, int NQ> struct SerialCfg;
 
 /* Per head dim two tilings of the overlapped kernel: C, and Long for long key rows (wider
@@ -43,6 +44,13 @@ template <> struct Tiles<256> {
     using C = Cfg<256, 64, 2, 1, 2, 40>;
     using Long = Cfg<256, 80, 2, 1, 2, 40>;
 };
+
+/* The FP8 (e4m3) tilings: 128-key tiles, as the transposed V's rows are keys and its 128-byte
+   swizzle needs 128 of them; one tiling per head dim (untimed: first bring-up). d 128: 2 Q
+   buffers, 3 stages of K, V and V^T (176 KB); d 256: 1 Q buffer, 2 stages (225 KB). */
+template <int D> struct F8Tiles;
+template <> struct F8Tiles<128> { using C = Cfg<128, 128, 3, 2, 2, 40, 1>; };
+template <> struct F8Tiles<256> { using C = Cfg<256, 128, 2, 1, 2, 40, 1>; };
 
 /* The series kernel's tiling per head dim: 128-key tiles; d 256 has room for one Q buffer and
    one K and one V slot (224 KB), d 128 for two Q buffers and two slots (224 KB), d 64 for two
