@@ -214,7 +214,7 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.div_gsz = FastDiv::of((uint32_t)a.group_hb);
     a.div_gsz_last = FastDiv::of((uint32_t)(pairs - (groups - 1) * a.group_hb));
 
-    a.lazy = LAZY;
+    a.lazy = f8 ? LAZY_F8 : LAZY; /* FP8: P rounds to e4m3, exact only at the max (tune_sm90.h) */
     const bool uneven = a.m.win_left >= 0 || a.m.win_right >= 0 || p->cu_q;
     /* the ping-pong turns are written for two consumers */
     const int sched = BM != 128 || serial || f8 ? (int)OVERLAP

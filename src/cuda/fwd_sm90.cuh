@@ -11,8 +11,8 @@
  *   warpgroups 1 .. NC, the consumers: 64 query rows each. Per key tile:
  *       S = Q K^T      wgmma m64n{BN}k16, A and B from shared memory (K-major), D/16 k-steps
  *       mask / online softmax in registers (running max and sum; O rescaled only when the
- *                      max grows by more than 2^LAZY), P to 16 bits in the A-fragment
- *                      layout (C-to-A identity, ptx.cuh)
+ *                      max grows by more than 2^LAZY, FP8: whenever it grows), P to 16 bits
+ *                      in the A-fragment layout (C-to-A identity, ptx.cuh)
  *       O += P V       wgmma m64n{D}k16, A from registers, B = V from shared memory (MN-major)
  *     S of key tile j + 1 is issued with P V of tile j (across work tiles too). At d 256 the
  *     softmax of j + 1 runs while the latter finishes (FENCED); at d 64/128 it runs after it,
@@ -735,8 +735,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     constexpr bool FENCED = D > BN;
     /* where the wait is not fenced it comes first anyway: there the key loop's softmax runs
        at the running max (exp_at_max), skipping the row max on most tiles (perf fwd_sm90
-       K6) */
-    constexpr bool AT_MAX = !FENCED;
+       K6). Not FP8: with no lazy margin (LAZY_F8) its test, every partial row sum at most 1,
+       fails wherever a row's probabilities spread, and its fallback computes the
+       exponentials twice */
+    constexpr bool AT_MAX = !FENCED && !F8;
     auto wait_pv = [&]() {
         if (FENCED)
             wg_wait_after<0>(l[0] + l[1]);

@@ -68,6 +68,12 @@ enum Schedule { OVERLAP = 0, PINGPONG = 1 };
    than LAZY (log2 units), so most tiles leave O unscaled; probabilities then reach 2^LAZY,
    which 16 bits and the fp32 sums hold. */
 constexpr float LAZY = 8.f;
+/* FP8 (e4m3 P) moves the max whenever a tile's exceeds it (no lazy margin): P V rounds P to
+   e4m3 (relative 2^-4), and a lagging reference makes the row's largest probability
+   2^(max - ref), up to 2^LAZY, where at the true max it is 1 and exact; with one key
+   dominating a row that rounding alone put the output 2-3x further from the float64
+   attention than FlashAttention-3's always-moving max (bench/probes/fp8_lazy.py). */
+constexpr float LAZY_F8 = 0.f;
 
 /* Whether p takes the Long tiling: d 64 from 2048 keys, d 128 from 8192, d 256 but for
    masks over at most 512 keys (perf fwd_sm90 T1). */
