@@ -48,6 +48,7 @@
 #include "score_mods.cuh"
 #include "trace_sm90.cuh"
 #include "tune_sm90.h"
+#include "vt_layout.h"
 #include "wgmma.cuh"
 
 namespace fa {
@@ -144,8 +145,8 @@ __device__ __forceinline__ float descale_at(const float *ds, int64_t sb, int b, 
    4 kk .. 4 kk + 3). The e4m3 A fragment wants columns 4 t4 .. + 3 (and 16 + 4 t4 ..) of a
    32-key step where the accumulator holds 2 t4, 2 t4 + 1, 8 + 2 t4, 9 + 2 t4 (and + 16):
    rather than moving bytes between threads, each thread's values go in as they are, so A's
-   column c holds key perm_key(c), and V^T's column c is written from V's row perm_key(c) by
-   the transposers: P V sums over keys in either order. */
+   column c holds key fa_perm_key(c) (vt_layout.h), and V^T's column c is written from V's
+   row fa_perm_key(c) by the transposers: P V sums over keys in either order. */
 template <typename T> struct PutP {
     template <int KP>
     __device__ __forceinline__ static void put(uint32_t (&pa)[KP][4], int j, int hr, float p0, float p1) {
@@ -160,11 +161,6 @@ template <> struct PutP<__nv_fp8_e4m3> {
         r = j % 2 ? (r & 0xffffu) | (v << 16) : v;
     }
 };
-/* The key (0..31 in a 32-key step) that column c of the e4m3 P fragment holds (PutP) */
-__host__ __device__ __forceinline__ int perm_key(int c) {
-    const int h = c / 16, t = (c % 16) / 4, i = c % 4;
-    return 16 * h + (i < 2 ? 2 * t + i : 8 + 2 * t + i - 2);
-}
 
 /* The work tile a block takes after t: the grid's stride (static), or the next of the counter
    (dynamic). A call's draws from the counter are 0 .. tiles - 1 exactly: every block stops at
@@ -307,33 +303,38 @@ __device__ __forceinline__ bool tile_of(const Args &a, int t, Tile &w) {
 
 /* FP8: the V tile at sv (BN keys x D columns, 128-byte swizzled panels of 128 columns, as
    the copy engine lands it) into V^T at svt (D rows x BN keys, panels of 128 keys, same
-   swizzle), key columns in perm_key's order per 32-key step. Thread i of 96 takes 4 x 4 byte
-   blocks: four 32-bit words of four keys' rows, transposed by byte permutes, written as four
-   words of four V^T rows. */
+   swizzle), key columns in fa_perm_key's order per 32-key step. Warp i / 32 of the 3
+   transposers takes every third block of 32 keys x 16 columns, each lane a 4 x 4 byte block:
+   four 32-bit words of four keys' rows, transposed by byte permutes, written as four words of
+   four V^T rows, in the order vt_layout.h gives, in which no load or store of the warp has a
+   bank conflict (the natural order had 8-way conflicts on every load: 36 wavefronts per block
+   instead of 8, beside the products' own operand reads). */
 template <typename C> __device__ __forceinline__ void transpose_v(uint32_t sv, uint32_t svt, int i) {
-    constexpr int D = C::D, BN = C::BN, ITEMS = (D / 4) * (BN / 4);
+    constexpr int WARPS = 3, BLOCKS = (C::D / 16) * (C::BN / 32);
+    const int lane = i % 32;
 #pragma unroll 1
-    for (int it = i; it < ITEMS; it += 96) {
-        const int c = 4 * (it % (BN / 4)), n = 4 * (it / (BN / 4));
-        uint32_t w[4];
+    for (int blk = i / 32; blk < BLOCKS; blk += WARPS) {
+        const fa_vt_item it = fa_vt_item_of(blk, lane, C::BN);
+        uint32_t v[4];
 #pragma unroll
         for (int q = 0; q < 4; q++) {
-            const int key = (c & ~31) + perm_key(c % 32 + q);
-            const uint32_t at = sv + (n / 128) * C::KV_PANEL + key * 128 +
-                                ((((n % 128) / 16) ^ (key % 8)) << 4) + n % 16;
-            asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(w[q]) : "r"(at) : "memory");
+            const uint32_t at = sv + fa_sw128_at(fa_vt_key(it, q), it.n, C::KV_PANEL);
+            asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v[q]) : "r"(at) : "memory");
         }
-        /* out[j] = byte j of w[0..3] */
+        /* w[k]: the V row of the item's key k (load q read key (q + r) % 4) */
+        uint32_t w[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) w[k] = it.r ? v[(k + 3) & 3] : v[k];
+        /* out[x] = byte x of w[0..3]: V^T row n + x */
         const uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140), hi01 = __byte_perm(w[0], w[1], 0x7362);
         const uint32_t lo23 = __byte_perm(w[2], w[3], 0x5140), hi23 = __byte_perm(w[2], w[3], 0x7362);
         const uint32_t out[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
                                  __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int row = n + j;
-            const uint32_t at = svt + (c / 128) * C::VT_PANEL + row * 128 +
-                                ((((c % 128) / 16) ^ (row % 8)) << 4) + c % 16;
-            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(out[j]) : "memory");
+        for (int j = 0; j < 4; j++) { /* store j: row n + (j ^ s), s 0 or 2 */
+            const uint32_t at = svt + fa_sw128_at(fa_vt_row(it, j), it.c, C::VT_PANEL);
+            const uint32_t x = it.s ? out[j ^ 2] : out[j];
+            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(x) : "memory");
         }
     }
 }
