@@ -27,7 +27,8 @@
  *
  * CUDA builds run the cases a second time on a grid of 3 blocks (the kernel's testing hook),
  * so that each block takes many work tiles: the ring of K/V/V^T stages and the Q buffers wrap
- * across tiles. A failing case prints where its errors lie (where_errs) before the test fails.
+ * across tiles; and under the ping-pong turns (forced: not the FP8 default yet) on both
+ * grids. A failing case prints where its errors lie (where_errs) before the test fails.
  */
 #include <math.h>
 #include <stdio.h>
@@ -331,14 +332,16 @@ static const fcase cases[] = {
 };
 #define NCASES (sizeof cases / sizeof *cases)
 
-/* every case; grid > 0: on a persistent grid of that many blocks (CUDA builds) */
-static void run_cases(int grid) {
+/* every case; grid > 0: on a persistent grid of that many blocks; pingpong: under the
+   ping-pong turns (CUDA builds: the kernel's testing hook) */
+static void run_cases(int grid, int pingpong) {
 #ifdef FA_TEST_CUDA
-    const fa_sm90_fwd_force f = {grid, 0, 0, 0, 0};
-    fa_sm90_fwd_force_set(grid > 0 ? &f : NULL);
+    const fa_sm90_fwd_force f = {grid, pingpong ? 2 : 0, 0, 0, 0};
+    fa_sm90_fwd_force_set(grid > 0 || pingpong ? &f : NULL);
 #else
-    if (grid > 0) {
-        printf("fp8 cuda forward, grid %d: not a CUDA build (skipped)\n", grid);
+    if (grid > 0 || pingpong) {
+        printf("fp8 cuda forward, grid %d pingpong %d: not a CUDA build (skipped)\n", grid,
+               pingpong);
         return;
     }
 #endif
@@ -352,8 +355,8 @@ static void run_cases(int grid) {
 #ifdef FA_TEST_CUDA
     fa_sm90_fwd_force_set(NULL);
 #endif
-    printf("fp8 cuda forward (grid %d, 0: one block per SM): %d of %d cases run, %d failed the "
-           "2x rule (seed %llu)%s\n", grid, ran, (int)NCASES, failed,
+    printf("fp8 cuda forward (grid %d, 0: one block per SM; pingpong %d): %d of %d cases run, "
+           "%d failed the 2x rule (seed %llu)%s\n", grid, pingpong, ran, (int)NCASES, failed,
            (unsigned long long)seed,
            ran ? "" : "; not an sm_90 GPU: every case refused with FA_ERR_DTYPE");
     if (failed) fail_msg("%d of %d cases failed the 2x rule (above: where)", failed, ran);
@@ -361,14 +364,22 @@ static void run_cases(int grid) {
 
 static void fwd_matches_reference(void **state) {
     (void)state;
-    run_cases(0);
+    run_cases(0, 0);
 }
 
 /* a grid of 3 blocks: each takes several work tiles (every case has 4 or more), so K/V/V^T
    stages and Q buffers are reused across tiles and the ring's phases wrap */
 static void fwd_small_grid(void **state) {
     (void)state;
-    run_cases(3);
+    run_cases(3, 0);
+}
+
+/* the ping-pong turns (forced only: the FP8 default is the free overlap), on every SM and on
+   3 blocks */
+static void fwd_pingpong(void **state) {
+    (void)state;
+    run_cases(0, 1);
+    run_cases(3, 1);
 }
 
 /* What the kernel does not take: FA_ERR_DTYPE naming FP8, out untouched. */
@@ -420,6 +431,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(fwd_matches_reference),
         cmocka_unit_test(fwd_small_grid),
+        cmocka_unit_test(fwd_pingpong),
         cmocka_unit_test(refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

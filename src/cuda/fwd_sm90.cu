@@ -147,7 +147,7 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     }
     const fa_sm90_fwd_force f = forced();
     const int D = kernel_dim(p->d);
-    const bool f8 = is_f8(p); /* its one tiling and schedule, O stored by the threads */
+    const bool f8 = is_f8(p); /* its one tiling, O stored by the threads */
     const bool masked = p->win_left >= 0 || p->win_right >= 0;
     const bool lng = f.tiles ? f.tiles == 2 : long_tiles(p, D, masked);
     /* varlen: one sequence of all the tokens, batch 1 */
@@ -217,8 +217,10 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.lazy = f8 ? LAZY_F8 : LAZY; /* FP8: P rounds to e4m3, exact only at the max (tune_sm90.h) */
     const bool uneven = a.m.win_left >= 0 || a.m.win_right >= 0 || p->cu_q;
     /* the ping-pong turns are written for two consumers */
-    const int sched = BM != 128 || serial || f8 ? (int)OVERLAP
-                      : f.schedule ? f.schedule - 1 : schedule_of(p, D, masked);
+    const int sched = BM != 128 || serial ? (int)OVERLAP
+                      : f.schedule ? f.schedule - 1
+                      : f8 ? (int)OVERLAP /* FP8: the ping-pong turns only forced (untimed) */
+                           : schedule_of(p, D, masked);
     /* the persistent grid: one block per SM (or the forced count), its tiles in the dynamic
        order (a counter in the workspace) or the static one (dynamic_order) */
     const int nq = with_tiling(f8, serial, D, lng, [](auto c) { return decltype(c)::NQ; });
@@ -238,9 +240,12 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     if (e == cudaSuccess && a.tiles > 0 && f8)
         e = with_f8(D, [&](auto c) {
             using C = decltype(c);
-            return p->odtype == FA_DTYPE_BF16
-                       ? launch_kernel<C>(fwd_sm90_kernel<__nv_fp8_e4m3, C, OVERLAP, __nv_bfloat16>, a, grid, st)
-                       : launch_kernel<C>(fwd_sm90_kernel<__nv_fp8_e4m3, C, OVERLAP, __half>, a, grid, st);
+            const bool bf = p->odtype == FA_DTYPE_BF16;
+            if (sched == PINGPONG)
+                return bf ? launch_kernel<C>(fwd_sm90_kernel<__nv_fp8_e4m3, C, PINGPONG, __nv_bfloat16>, a, grid, st)
+                          : launch_kernel<C>(fwd_sm90_kernel<__nv_fp8_e4m3, C, PINGPONG, __half>, a, grid, st);
+            return bf ? launch_kernel<C>(fwd_sm90_kernel<__nv_fp8_e4m3, C, OVERLAP, __nv_bfloat16>, a, grid, st)
+                      : launch_kernel<C>(fwd_sm90_kernel<__nv_fp8_e4m3, C, OVERLAP, __half>, a, grid, st);
         });
     else if (e == cudaSuccess && a.tiles > 0 && serial)
         e = with_serial(D, [&](auto c) {
@@ -258,8 +263,8 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     if (e == cudaSuccess) trace_dump(st);
 #endif
     if (f8) /* the output's dtype too: FP8 writes either */
-        snprintf(l->kernel, sizeof l->kernel, "sm90_fwd_f8e4m3_d%d_o%s%s_%dx%d%s", D,
-                 fa_dtype_name(p->odtype), fa_cuda_mask_name(p), BM, BN,
+        snprintf(l->kernel, sizeof l->kernel, "sm90_fwd_f8e4m3_d%d_o%s%s_%dx%d%s%s", D,
+                 fa_dtype_name(p->odtype), fa_cuda_mask_name(p), BM, BN, sched_name[sched],
                  grid == a.tiles ? "" : a.counter ? "_dynamic" : "_static");
     else
     snprintf(l->kernel, sizeof l->kernel, "sm90_fwd_d%d_%s%s_%dx%d%s%s", D,
