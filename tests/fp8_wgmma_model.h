@@ -24,9 +24,9 @@
 #define FP8_WGMMA_FRAC 13 /* fraction bits the accumulation keeps */
 #define FP8_WGMMA_K 32    /* products per k-step (32 bytes of e4m3) */
 
-/* x truncated toward zero to a multiple of ulp */
-static inline double fp8_wgmma_trunc(double x, double ulp) {
-    return trunc(x / ulp) * ulp;
+/* x truncated toward zero to a multiple of ulp, a power of two (inv = 1 / ulp: exact) */
+static inline double fp8_wgmma_trunc(double x, double ulp, double inv) {
+    return trunc(x * inv) * ulp;
 }
 
 /* the ulp of FRAC fraction bits at the exponent of |big| (0 for 0) */
@@ -48,13 +48,13 @@ static inline double fp8_wgmma_dot(const float *tab, const uint8_t *a, const uin
             const double p = fabs((double)tab[a[x]] * (double)tab[b[x]]);
             if (p > big) big = p;
         }
-        const double ulp = fp8_wgmma_ulp(big);
+        const double ulp = fp8_wgmma_ulp(big), inv = 1.0 / ulp;
         if (ulp == 0.0) continue; /* every term 0 */
-        double s = fp8_wgmma_trunc(acc, ulp);
+        double s = fp8_wgmma_trunc(acc, ulp, inv);
         for (int64_t x = k0; x < k1; x++)
-            s += fp8_wgmma_trunc((double)tab[a[x]] * (double)tab[b[x]], ulp);
+            s += fp8_wgmma_trunc((double)tab[a[x]] * (double)tab[b[x]], ulp, inv);
         const double u = fp8_wgmma_ulp(fabs(s));
-        acc = u == 0.0 ? 0.0 : fp8_wgmma_trunc(s, u);
+        acc = u == 0.0 ? 0.0 : fp8_wgmma_trunc(s, u, 1.0 / u);
     }
     return acc;
 }
