@@ -307,8 +307,8 @@ __device__ __forceinline__ bool tile_of(const Args &a, int t, Tile &w) {
    transposers takes every third block of 32 keys x 16 columns, each lane a 4 x 4 byte block:
    four 32-bit words of four keys' rows, transposed by byte permutes, written as four words of
    four V^T rows, in the order vt_layout.h gives, in which no load or store of the warp has a
-   bank conflict (the natural order had 8-way conflicts on every load: 36 wavefronts per block
-   instead of 8, beside the products' own operand reads). */
+   bank conflict (the previous order had 8-way conflicts on every load: 36 wavefronts per warp
+   step instead of 8, beside the products' own operand reads). */
 template <typename C> __device__ __forceinline__ void transpose_v(uint32_t sv, uint32_t svt, int i) {
     constexpr int WARPS = 3, BLOCKS = (C::D / 16) * (C::BN / 32);
     const int lane = i % 32;

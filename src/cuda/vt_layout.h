@@ -12,11 +12,12 @@
  * (a = lane % 8, b = lane / 8) the 4 x 4 bytes of V^T columns c = c0 + 4a .. + 3 and rows
  * n = n0 + 4b .. + 3: four 32-bit loads of four V rows (columns n .. n + 3), byte permutes,
  * four 32-bit stores of four V^T rows. The rule: each of the warp's loads and stores touches
- * 32 different banks. With every lane in the natural order the loads of a step hit 4 banks
- * (the 32 keys' rows share 4 swizzle chunks: 8-way conflicts, 32 wavefronts for 4 loads per
- * lane); so lanes with a >= 4 load their keys rotated by one (r), which makes the 8 keys of a
- * load fall in 8 chunks, and lanes with b >= 2 store their rows rotated by two (s), which makes
- * the 8 rows of a store fall in 8 chunks. 8 wavefronts per 4 x 4 block instead of 36.
+ * 32 different banks. The previous order (a warp's 32 lanes along 128 keys at one 4-byte
+ * column) put each load's 32 key rows in 4 swizzle chunks: 8-way conflicts, 36 wavefronts per
+ * warp step (4 loads x 8 + 4 stores) instead of 8. In this block shape, unrotated, loads and
+ * stores would still conflict 2-way; so lanes with a >= 4 load their keys rotated by one (r),
+ * which puts the 8 keys of a load in 8 chunks, and lanes with b >= 2 store their rows rotated
+ * by two (s), which puts the 8 rows of a store in 8 chunks: 8 wavefronts per warp step.
  */
 #ifndef FA_CUDA_VT_LAYOUT_H
 #define FA_CUDA_VT_LAYOUT_H
