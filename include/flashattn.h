@@ -146,9 +146,13 @@ typedef enum fa_dtype {
  * FP8 (FA_DTYPE_F8_E4M3, FA_DTYPE_F8_E5M2) is an input dtype of the forward only (fa_fwd,
  * fa_fwd_kvcache) on the CPU backend's default algorithm (docs/fp8.md): Q, K and V share it,
  * each element is converted exactly to fp32 as its tile loads and every product accumulates in
- * fp32. The output O is then f32, f16 or bf16 (FA_ERR_DTYPE otherwise), LSE fp32. fa_bwd, the
- * naive/plain reference algorithms and the CUDA backend (the Hopper FP8 kernel is not built
- * yet) refuse FP8 with FA_ERR_DTYPE. NaN encodings (e4m3 0x7f/0xff; e5m2 exponent 31 with a
+ * fp32. The output O is then f32, f16 or bf16 (FA_ERR_DTYPE otherwise), LSE fp32. fa_bwd and
+ * the naive/plain reference algorithms refuse FP8 with FA_ERR_DTYPE. The CUDA backend runs
+ * fa_fwd on e4m3 inputs in its Hopper kernel only (sm_90, no fallback): head dims 128 and 256,
+ * BSHD (no varlen), causal, windows, GQA, the descales; out f16 or bf16; P rounded to e4m3 for
+ * P V as FlashAttention-3 does; q/k/v strides multiples of 16 elements (FA_ERR_STRIDE).
+ * Everything else with FP8 on CUDA (e5m2, other head dims, varlen, softcap, ALiBi, dropout, an
+ * f32 out, fa_fwd_kvcache, GPUs other than sm_90) is FA_ERR_DTYPE naming why. NaN encodings (e4m3 0x7f/0xff; e5m2 exponent 31 with a
  * mantissa) load as NaN and e5m2's infinities as +-inf, with the consequences listed at fa_fwd;
  * finite FP8 inputs give finite outputs. fa_quantize_fp8 (below) makes FP8 tensors.
  */
@@ -546,7 +550,8 @@ FA_API const fa_selection *fa_last_selection(const fa_context *ctx);
  *   lse  fp32 [batch, heads_q, seqlen_q] (varlen: [heads_q, total_q]) or NULL (written);
  *        f64 when the inputs are f64 (FA_ALGO_NAIVE)
  * q, k, v, out share one dtype (f32, f16 or bf16; f64 with FA_ALGO_NAIVE) and one device;
- * or q, k, v are FP8 (one of the two formats, CPU only, see fa_dtype) and out f32/f16/bf16.
+ * or q, k, v are FP8 (one of the two formats, see fa_dtype for what CUDA takes) and out
+ * f32/f16/bf16.
  * d is 1..256 (d = 0 is FA_ERR_SHAPE, d > 256 FA_ERR_HEAD_DIM). On CUDA a d that is not a
  * multiple of 8 runs on zero-padded copies in the workspace (the selection's kernel name ends
  * in "_pad<d>"); fa_fwd_kvcache too, copying the cache rows it reads into the workspace (a

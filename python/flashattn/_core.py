@@ -223,8 +223,8 @@ def attention_forward(q, k, v, softmax_scale=None, causal=False, window_size=(-1
     Returns (out, softmax_lse): out like q (contiguous, or the `out` given), softmax_lse fp32
     (batch, nheads, seqlen_q) or, varlen, (nheads, total_q) (None when return_lse is False).
     Rows that see no key get out = 0 and lse = -inf.
-    FP8 q, k, v (float8_e4m3fn / float8_e5m2, one dtype; CPU backend only, the CUDA backend
-    refuses them with FlashAttnArgumentError FA_ERR_DTYPE): the library writes out in the dtype
+    FP8 q, k, v (float8_e4m3fn / float8_e5m2, one dtype; the CPU backend, and on CUDA e4m3 at
+    head dims 128/256 on sm_90, else FlashAttnArgumentError FA_ERR_DTYPE): the library writes out in the dtype
     of the `out` given (f32, f16 or bf16); without one, out is bfloat16.
     """
     _require("attention_forward", q=q, k=k, v=v)

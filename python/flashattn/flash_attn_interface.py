@@ -33,8 +33,9 @@ Differences from flash_attn, all explicit:
     autograd would record (grad mode on, an input with requires_grad) raises RuntimeError.
     The library writes the output in the dtype of the out it is given (f32, f16, bf16); these
     functions give it bfloat16, FlashAttention-3's choice (attention_forward(out=...) picks
-    another). The CPU backend runs it; the CUDA backend refuses it (FlashAttnArgumentError,
-    FA_ERR_DTYPE: the Hopper FP8 kernel is not built yet). Descales given with non-FP8 inputs
+    another). The CPU backend runs it; the CUDA backend runs e4m3 at head dims 128 and 256 on
+    sm_90 GPUs (the Hopper kernel, flash_attn_func only) and refuses the rest
+    (FlashAttnArgumentError, FA_ERR_DTYPE naming why; docs/fp8.md). Descales given with non-FP8 inputs
     raise ValueError (they would mean nothing there). Finer scales than one per (batch, kv
     head), such as quantize_fp8(block_rows > 0) makes, are not taken (see quantize_fp8).
 

@@ -155,13 +155,45 @@ static fa_status check_device_ptr(fa_context *ctx, const char *fn, const char *n
         if (st_ != FA_OK) return st_;                                                         \
     } while (0)
 
+/* FP8 inputs: only fa_fwd's sm90 e4m3 kernel takes them (fwd_sm90.cu's f8_refusal has the
+   shapes built), with no fallback: anything else is FA_ERR_DTYPE naming why. */
+static fa_status check_fp8(fa_context *ctx, const char *fn, const fa_problem *p) {
+    const char *name = fa_dtype_name(p->dtype);
+    if (strcmp(fn, "fa_fwd") != 0)
+        return fa_fail(ctx, FA_ERR_DTYPE, "%s: dtype %s: FP8 on CUDA is fa_fwd's only (the sm90 "
+                       "kernel)", fn, name);
+    const char *why = fa_sm90_fwd_f8_refusal(p);
+    if (why)
+        return fa_fail(ctx, FA_ERR_DTYPE, "%s: dtype %s: FP8 needs the sm90 kernel, which does not "
+                       "take %s", fn, name, why);
+    if (p->drop_p > 0)
+        return fa_fail(ctx, FA_ERR_DTYPE, "%s: dtype %s: FP8 needs the sm90 kernel, which has no "
+                       "dropout", fn, name);
+    /* the copy engine's strides are multiples of 16 bytes: 16 FP8 elements */
+    const fa_operand *ops[] = {&p->q, &p->k, &p->v};
+    static const char *const names[] = {"q", "k", "v"};
+    for (int i = 0; i < 3; i++) {
+        const fa_operand *a = ops[i];
+        if ((uintptr_t)a->data % 16 || (p->batch > 1 && a->sb % 16) || a->st % 16 || a->sh % 16)
+            return fa_fail(ctx, FA_ERR_STRIDE,
+                           "%s: %s (FP8) is not 16-byte aligned (data %p, strides %lld/%lld/%lld): "
+                           "the sm90 kernel's copy engine needs the pointer 16-byte aligned and "
+                           "every outer stride a multiple of 16 elements",
+                           fn, names[i], a->data, (long long)a->sb, (long long)a->st,
+                           (long long)a->sh);
+    }
+    return FA_OK;
+}
+
 /* What every CUDA call needs of its scalars: algorithm, dtype, head dim, 32-bit sizes. */
 static fa_status check_problem_scalars(fa_context *ctx, const char *fn, const fa_problem *p) {
     if (ctx->algo != FA_ALGO_AUTO)
         return fa_fail(ctx, FA_ERR_UNSUPPORTED,
                        "%s: the naive and plain reference algorithms run on the CPU backend only",
                        fn);
-    if (p->dtype != FA_DTYPE_F16 && p->dtype != FA_DTYPE_BF16)
+    if (p->dtype == FA_DTYPE_F8_E4M3 || p->dtype == FA_DTYPE_F8_E5M2)
+        TRY(check_fp8(ctx, fn, p));
+    else if (p->dtype != FA_DTYPE_F16 && p->dtype != FA_DTYPE_BF16)
         return fa_fail(ctx, FA_ERR_DTYPE, "%s: dtype %s; the CUDA backend takes f16 and bf16", fn,
                        fa_dtype_name(p->dtype));
     /* d not a multiple of 8 runs on zero-padded copies (pad.h) */
@@ -198,6 +230,9 @@ static fa_status check_problem(fa_context *ctx, const char *fn, const fa_problem
     TRY(check_device_ptr(ctx, fn, "alibi_slopes", p->alibi));
     TRY(check_device_ptr(ctx, fn, "cu_seqlens_q", p->cu_q));
     TRY(check_device_ptr(ctx, fn, "cu_seqlens_k", p->cu_k));
+    TRY(check_device_ptr(ctx, fn, "q_descale", p->q_descale));
+    TRY(check_device_ptr(ctx, fn, "k_descale", p->k_descale));
+    TRY(check_device_ptr(ctx, fn, "v_descale", p->v_descale));
     return FA_OK;
 }
 
@@ -404,6 +439,18 @@ static fa_status cuda_fwd(fa_context *ctx, const fa_problem *pin, void *ws, size
         k = p;
         zero_in(ctx, ws, &l);
     }
+    if (k.dtype == FA_DTYPE_F8_E4M3) { /* the sm90 kernel or nothing (check_fp8) */
+        if (l.cc != 90 || !ctx->sm90_fwd)
+            return fa_fail(ctx, FA_ERR_DTYPE, "fa_fwd: dtype f8e4m3: FP8 needs the sm90 kernel, %s",
+                           l.cc != 90 ? "which runs on sm_90 GPUs only"
+                                      : "which this context has switched off");
+        fa_status st = fa_sm90_fwd(&k, &l);
+        if (st == FA_ERR_UNSUPPORTED)
+            return fa_fail(ctx, FA_ERR_DTYPE, "fa_fwd: dtype f8e4m3: FP8 needs the sm90 kernel: %s",
+                           l.msg);
+        if (st != FA_OK) return fa_fail(ctx, st, "fa_fwd: %s", l.msg);
+        why[0] = 0;
+    } else
     TRY(run_kernel(ctx, "fa_fwd", l.cc == 90 && ctx->sm90_fwd && sm90_fwd_takes(&k),
                    fa_sm90_fwd, fa_sm80_fwd, &k, &l, why, sizeof why));
     zero_out(ctx, ws, &l);

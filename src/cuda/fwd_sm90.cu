@@ -51,11 +51,37 @@ template <typename C> bool has_sm90a() {
     return yes;
 }
 
+/* Whether p's inputs are FP8 (the e4m3 kernel: F8Tiles) */
+bool is_f8(const fa_problem *p) {
+    return p->dtype == FA_DTYPE_F8_E4M3 || p->dtype == FA_DTYPE_F8_E5M2;
+}
+/* What the FP8 kernel does not take of p (NULL: it takes it); backend.c refuses these with
+   FA_ERR_DTYPE, as nothing else runs FP8 on the GPU */
+const char *f8_refusal(const fa_problem *p) {
+    if (p->dtype != FA_DTYPE_F8_E4M3) return "f8e5m2 inputs (the FP8 kernel takes f8e4m3)";
+    if (p->d != 128 && p->d != 256) return "this head dim (FP8 is built for 128 and 256)";
+    if (p->cu_q) return "varlen (not built for FP8)";
+    if (p->softcap > 0.f) return "softcap (not built for FP8)";
+    if (p->alibi) return "ALiBi (not built for FP8)";
+    if (p->odtype != FA_DTYPE_BF16 && p->odtype != FA_DTYPE_F16)
+        return "this output dtype (FP8 writes bf16 or f16)";
+    return NULL;
+}
+
+/* f(C{}) for the FP8 tiling of kernel head dim D (128 or 256) */
+template <typename F> auto with_f8(int D, F f) {
+    return D == 128 ? f(F8Tiles<128>::C{}) : f(F8Tiles<256>::C{});
+}
+
 /* Why this kernel cannot take p (NULL: it can). */
 const char *refusal(const fa_problem *p, const fa_cuda_launch *l) {
     if (l->cc != 90) return "not an sm_90 GPU";
     const int D = kernel_dim(p->d);
     if (!D) return "head dims other than 64, 128, 256 (not yet)";
+    if (is_f8(p)) {
+        const char *why = f8_refusal(p);
+        if (why) return why;
+    }
     if (!p->cu_q && p->batch > 1 && (p->q.sb == 0 || p->k.sb == 0 || p->v.sb == 0))
         return "a batch stride of 0";
     if (!has_sm90a<Tiles<128>::C>()) return "this build (no sm_90a code)";
@@ -85,9 +111,9 @@ template <typename F> auto with_serial(int D, F f) {
     default: return f(SerialTiles<256>::C{});
     }
 }
-/* f(C{}) for the tiling that runs p: the series kernel's or Tiles<D>'s */
-template <typename F> auto with_tiling(bool serial, int D, bool lng, F f) {
-    return serial ? with_serial(D, f) : with_cfg(D, lng, f);
+/* f(C{}) for the tiling that runs p: FP8's, the series kernel's or Tiles<D>'s */
+template <typename F> auto with_tiling(bool f8, bool serial, int D, bool lng, F f) {
+    return f8 ? with_f8(D, f) : serial ? with_serial(D, f) : with_cfg(D, lng, f);
 }
 
 /* The choices forced on every later call (fa_sm90_fwd_force_set; zero: the table's). */
@@ -106,6 +132,10 @@ extern "C" void fa_sm90_fwd_force_set(const fa_sm90_fwd_force *f) {
     fa::sm90::g_force = f ? *f : fa_sm90_fwd_force{};
 }
 
+extern "C" const char *fa_sm90_fwd_f8_refusal(const fa_problem *p) {
+    return fa::sm90::f8_refusal(p);
+}
+
 extern "C" int fa_sm90_fwd_covers(const fa_problem *p) { return fa::sm90::kernel_dim(p->d) != 0; }
 
 extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
@@ -117,6 +147,7 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     }
     const fa_sm90_fwd_force f = forced();
     const int D = kernel_dim(p->d);
+    const bool f8 = is_f8(p); /* its one tiling, O stored by the threads */
     const bool masked = p->win_left >= 0 || p->win_right >= 0;
     const bool lng = f.tiles ? f.tiles == 2 : long_tiles(p, D, masked);
     /* varlen: one sequence of all the tokens, batch 1 */
@@ -125,14 +156,14 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     Args a;
     memset(&a, 0, sizeof a);
     /* O through the copy engine where its strides allow a map (else the threads store it) */
-    a.o_tma = make_map(&a.to, &p->o, p->dtype, D, p->heads_q, tq, nb, O_ROWS) == CUDA_SUCCESS;
+    a.o_tma = !f8 && make_map(&a.to, &p->o, p->dtype, D, p->heads_q, tq, nb, O_ROWS) == CUDA_SUCCESS;
     /* a forced tiling or schedule is the overlapped kernel's (the test entries that force them
        keep covering it), unless the series kernel is forced too */
     const int serial_choice = f.serial ? f.serial : f.tiles || f.schedule ? 2 : 0;
-    const bool serial = serial_for(p, D, serial_choice, masked, a.o_tma);
-    const int BN = with_tiling(serial, D, lng, [](auto c) { return decltype(c)::BN; });
-    const int BM = with_tiling(serial, D, lng, [](auto c) { return decltype(c)::BM; });
-    const size_t smem = with_tiling(serial, D, lng, [](auto c) { return decltype(c)::SMEM; });
+    const bool serial = !f8 && serial_for(p, D, serial_choice, masked, a.o_tma);
+    const int BN = with_tiling(f8, serial, D, lng, [](auto c) { return decltype(c)::BN; });
+    const int BM = with_tiling(f8, serial, D, lng, [](auto c) { return decltype(c)::BM; });
+    const size_t smem = with_tiling(f8, serial, D, lng, [](auto c) { return decltype(c)::SMEM; });
     if (smem > (size_t)l->smem_optin) {
         snprintf(l->msg, sizeof l->msg,
                  "the sm90 forward's %dx%d tiling needs %zu bytes of shared memory per block, "
@@ -157,6 +188,10 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.seqlen_k = (int)p->seqlen_k;
     a.group = (int)p->group;
     a.m = fa::score_mods_of(p);
+    a.q_descale = p->q_descale;
+    a.k_descale = p->k_descale;
+    a.v_descale = p->v_descale;
+    a.ds_sb = p->descale_sb;
 
     /* the work tiles (tile_of): pairs grouped so that a group's K and V take at most
        l2mb MB of the L2 (the H100 has 50 MB) */
@@ -164,7 +199,7 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.batch = (int)p->batch;
     a.mblocks = (int)((p->seqlen_q + BM - 1) / BM);
     const int64_t tiles = (int64_t)a.mblocks * a.heads * a.batch;
-    const double kv_bytes = 4.0 * (double)p->seqlen_k * (double)D / (double)p->group;
+    const double kv_bytes = (f8 ? 2.0 : 4.0) * (double)p->seqlen_k * (double)D / (double)p->group;
     const double l2mb = f.pairs ? 0.0 : l2mb_for(masked, kv_bytes);
     const double fit = l2mb * 1024 * 1024 / (kv_bytes > 1 ? kv_bytes : 1);
     a.group_hb = (int)(fit < 1 ? 1 : fit > a.heads * a.batch ? a.heads * a.batch : fit);
@@ -179,14 +214,16 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
     a.div_gsz = FastDiv::of((uint32_t)a.group_hb);
     a.div_gsz_last = FastDiv::of((uint32_t)(pairs - (groups - 1) * a.group_hb));
 
-    a.lazy = LAZY;
+    a.lazy = f8 ? LAZY_F8 : LAZY; /* FP8: P rounds to e4m3, exact only at the max (tune_sm90.h) */
     const bool uneven = a.m.win_left >= 0 || a.m.win_right >= 0 || p->cu_q;
     /* the ping-pong turns are written for two consumers */
     const int sched = BM != 128 || serial ? (int)OVERLAP
-                      : f.schedule ? f.schedule - 1 : schedule_of(p, D, masked);
+                      : f.schedule ? f.schedule - 1
+                      : f8 ? (int)OVERLAP /* FP8: the ping-pong turns only forced (untimed) */
+                           : schedule_of(p, D, masked);
     /* the persistent grid: one block per SM (or the forced count), its tiles in the dynamic
        order (a counter in the workspace) or the static one (dynamic_order) */
-    const int nq = with_tiling(serial, D, lng, [](auto c) { return decltype(c)::NQ; });
+    const int nq = with_tiling(f8, serial, D, lng, [](auto c) { return decltype(c)::NQ; });
     const bool dynamic = l->ws && l->ws_bytes >= 4 && dynamic_order(p, uneven, nq);
     const int blocks = f.blocks > 0 ? f.blocks : l->num_sms > 0 ? l->num_sms : 1;
     const int grid = a.tiles > blocks ? blocks : a.tiles;
@@ -200,7 +237,17 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
         l->left_zero = a.counter;
         l->left_zero_bytes = sizeof(int);
     }
-    if (e == cudaSuccess && a.tiles > 0 && serial)
+    if (e == cudaSuccess && a.tiles > 0 && f8)
+        e = with_f8(D, [&](auto c) {
+            using C = decltype(c);
+            const bool bf = p->odtype == FA_DTYPE_BF16;
+            if (sched == PINGPONG)
+                return bf ? launch_kernel<C>(fwd_sm90_kernel<__nv_fp8_e4m3, C, PINGPONG, __nv_bfloat16>, a, grid, st)
+                          : launch_kernel<C>(fwd_sm90_kernel<__nv_fp8_e4m3, C, PINGPONG, __half>, a, grid, st);
+            return bf ? launch_kernel<C>(fwd_sm90_kernel<__nv_fp8_e4m3, C, OVERLAP, __nv_bfloat16>, a, grid, st)
+                      : launch_kernel<C>(fwd_sm90_kernel<__nv_fp8_e4m3, C, OVERLAP, __half>, a, grid, st);
+        });
+    else if (e == cudaSuccess && a.tiles > 0 && serial)
         e = with_serial(D, [&](auto c) {
             using C = decltype(c);
             return p->dtype == FA_DTYPE_BF16
@@ -215,13 +262,18 @@ extern "C" fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l) {
 #ifdef FA_SM90_TRACE
     if (e == cudaSuccess) trace_dump(st);
 #endif
+    if (f8) /* the output's dtype too: FP8 writes either */
+        snprintf(l->kernel, sizeof l->kernel, "sm90_fwd_f8e4m3_d%d_o%s%s_%dx%d%s%s", D,
+                 fa_dtype_name(p->odtype), fa_cuda_mask_name(p), BM, BN, sched_name[sched],
+                 grid == a.tiles ? "" : a.counter ? "_dynamic" : "_static");
+    else
     snprintf(l->kernel, sizeof l->kernel, "sm90_fwd_d%d_%s%s_%dx%d%s%s", D,
              fa_dtype_name(p->dtype), fa_cuda_mask_name(p), BM, BN,
              serial ? "_serial" : sched_name[sched],
              grid == a.tiles ? "" : a.counter ? "_dynamic" : "_static");
     l->tile_q = BM;
     l->tile_k = BN;
-    l->threads = with_tiling(serial, D, lng, [](auto c) { return decltype(c)::THREADS; });
+    l->threads = with_tiling(f8, serial, D, lng, [](auto c) { return decltype(c)::THREADS; });
     if (e != cudaSuccess) {
         snprintf(l->msg, sizeof l->msg, "%s: %s", l->kernel, cudaGetErrorString(e));
         return FA_ERR_CUDA;

@@ -11,8 +11,8 @@
  *   warpgroups 1 .. NC, the consumers: 64 query rows each. Per key tile:
  *       S = Q K^T      wgmma m64n{BN}k16, A and B from shared memory (K-major), D/16 k-steps
  *       mask / online softmax in registers (running max and sum; O rescaled only when the
- *                      max grows by more than 2^LAZY), P to 16 bits in the A-fragment
- *                      layout (C-to-A identity, ptx.cuh)
+ *                      max grows by more than 2^LAZY, FP8: whenever it grows), P to 16 bits
+ *                      in the A-fragment layout (C-to-A identity, ptx.cuh)
  *       O += P V       wgmma m64n{D}k16, A from registers, B = V from shared memory (MN-major)
  *     S of key tile j + 1 is issued with P V of tile j (across work tiles too). At d 256 the
  *     softmax of j + 1 runs while the latter finishes (FENCED); at d 64/128 it runs after it,
@@ -48,6 +48,7 @@
 #include "score_mods.cuh"
 #include "trace_sm90.cuh"
 #include "tune_sm90.h"
+#include "vt_layout.h"
 #include "wgmma.cuh"
 
 namespace fa {
@@ -68,8 +69,10 @@ constexpr int NO_KEYS = 1 << 30;
    3 it is asked for at the tile's first K/V, as no O copy still holds its buffer). NC consumer
    warpgroups of 64 query rows each (a work tile is BM = 64 NC rows); the producer keeps
    REG_P registers and the consumers take the rest (setmaxnreg). */
-template <int D_, int BN_, int STAGES_, int NQ_, int NC_, int REG_P_> struct Cfg {
-    static constexpr int D = D_, BN = BN_, STAGES = STAGES_, NQ = NQ_, PANELS = D / 64;
+template <int D_, int BN_, int STAGES_, int NQ_, int NC_, int REG_P_, int E_> struct Cfg {
+    /* E bytes per input element: a 128-byte swizzled row holds COLS = 128 / E columns */
+    static constexpr int E = E_, COLS = 128 / E;
+    static constexpr int D = D_, BN = BN_, STAGES = STAGES_, NQ = NQ_, PANELS = D * E / 128;
     static constexpr int NC = NC_, BM = 64 * NC, THREADS = 128 * (NC + 1), CTHREADS = 128 * NC;
     static constexpr bool ALIGN_END = true; /* tile_of: blocks end at a sequence's last row */
     /* setmaxnreg moves registers within the block's launch allocation (THREADS x what
@@ -79,11 +82,18 @@ template <int D_, int BN_, int STAGES_, int NQ_, int NC_, int REG_P_> struct Cfg
     static constexpr int REG_C = (REG_LAUNCH * THREADS / 128 - REG_P) / NC / 8 * 8;
     static constexpr uint32_t Q_PANEL = 64 * 128, Q_WG = PANELS * Q_PANEL; /* bytes */
     static constexpr uint32_t KV_PANEL = BN * 128, KV_TILE = PANELS * KV_PANEL;
+    /* FP8: V^T per stage, [BN / 128 panels][D rows][128 keys] (K-major, as the FP8 product
+       needs its B operand), written by the producer's warps 1..3 from the stage's V */
+    static constexpr uint32_t VT_PANEL = D * 128, VT_TILE = E == 1 ? BN * D : 0;
     static constexpr uint32_t OFF_K = NQ * NC * Q_WG, OFF_V = OFF_K + STAGES * KV_TILE;
-    static constexpr uint32_t OFF_BAR = OFF_V + STAGES * KV_TILE;
-    static constexpr uint32_t OFF_TILE = OFF_BAR + 8 * (2 * NQ + 4 * STAGES);
-    static constexpr size_t SMEM = OFF_TILE + 4 * NQ + 1024; /* + aligning */
-    static_assert(D % 64 == 0 && BN % 16 == 0 && KV_PANEL % 1024 == 0, "1024-byte tiles");
+    static constexpr uint32_t OFF_VT = OFF_V + STAGES * KV_TILE;
+    static constexpr uint32_t OFF_BAR = OFF_VT + STAGES * VT_TILE;
+    /* mbarriers: Q full/empty per buffer, K/V full/empty per stage, FP8: V^T full per stage */
+    static constexpr uint32_t OFF_TILE = OFF_BAR + 8 * (2 * NQ + 4 * STAGES + (E == 1 ? STAGES : 0));
+    static constexpr uint32_t OFF_STOP = OFF_TILE + 4 * NQ; /* FP8: the transposers' last position */
+    static constexpr size_t SMEM = OFF_STOP + 4 + 1024; /* + aligning */
+    static_assert(D * E % 128 == 0 && BN % 16 == 0 && KV_PANEL % 1024 == 0, "1024-byte tiles");
+    static_assert(E == 2 || (E == 1 && BN % 128 == 0), "FP8: V^T rows of 128-key panels");
 };
 /* Division by a launch constant d (1 <= d < 2^31) of n in [0, 2^31) as a multiply-high and a
    shift (the round-up method: l = ceil(log2 d), m = 2^32 (2^l - d) / d + 1, n / d =
@@ -120,6 +130,36 @@ struct Args {
     int o_tma;    /* O leaves through the tile's Q buffer and the copy engine (NQ >= 2) */
     float lazy;   /* LAZY, passed at launch: as a compile-time constant ptxas spills at d 64
                      (perf fwd_sm90 K13) */
+    /* FP8: descales per (batch, kv head) at [b * ds_sb + hk] (NULL: 1); see fa_params */
+    const float *q_descale, *k_descale, *v_descale;
+    int64_t ds_sb;
+};
+
+/* FP8's descale (b, hk) of ds (1 for none) */
+__device__ __forceinline__ float descale_at(const float *ds, int64_t sb, int b, int hk) {
+    return ds ? ds[(int64_t)b * sb + hk] : 1.f;
+}
+
+/* Probabilities p0, p1 of n8 tile j of S (row half hr) into P's A fragments: 16 bits a value
+   (k16 steps: n8 tiles 2 kk, 2 kk + 1, the C-to-A identity), or e4m3 (k32 steps: n8 tiles
+   4 kk .. 4 kk + 3). The e4m3 A fragment wants columns 4 t4 .. + 3 (and 16 + 4 t4 ..) of a
+   32-key step where the accumulator holds 2 t4, 2 t4 + 1, 8 + 2 t4, 9 + 2 t4 (and + 16):
+   rather than moving bytes between threads, each thread's values go in as they are, so A's
+   column c holds key fa_perm_key(c) (vt_layout.h), and V^T's column c is written from V's
+   row fa_perm_key(c) by the transposers: P V sums over keys in either order. */
+template <typename T> struct PutP {
+    template <int KP>
+    __device__ __forceinline__ static void put(uint32_t (&pa)[KP][4], int j, int hr, float p0, float p1) {
+        pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(p0, p1);
+    }
+};
+template <> struct PutP<__nv_fp8_e4m3> {
+    template <int KP>
+    __device__ __forceinline__ static void put(uint32_t (&pa)[KP][4], int j, int hr, float p0, float p1) {
+        const uint32_t v = __nv_cvt_float2_to_fp8x2(make_float2(p0, p1), __NV_SATFINITE, __NV_E4M3);
+        uint32_t &r = pa[j / 4][hr + 2 * ((j % 4) / 2)];
+        r = j % 2 ? (r & 0xffffu) | (v << 16) : v;
+    }
 };
 
 /* The work tile a block takes after t: the grid's stride (static), or the next of the counter
@@ -261,11 +301,53 @@ __device__ __forceinline__ bool tile_of(const Args &a, int t, Tile &w) {
     return true;
 }
 
-template <typename T, typename C, int SCHED>
+/* FP8: the V tile at sv (BN keys x D columns, 128-byte swizzled panels of 128 columns, as
+   the copy engine lands it) into V^T at svt (D rows x BN keys, panels of 128 keys, same
+   swizzle), key columns in fa_perm_key's order per 32-key step. Warp i / 32 of the 3
+   transposers takes every third block of 32 keys x 16 columns, each lane a 4 x 4 byte block:
+   four 32-bit words of four keys' rows, transposed by byte permutes, written as four words of
+   four V^T rows, in the order vt_layout.h gives, in which no load or store of the warp has a
+   bank conflict (the previous order had 8-way conflicts on every load: 36 wavefronts per warp
+   step instead of 8, beside the products' own operand reads). */
+template <typename C> __device__ __forceinline__ void transpose_v(uint32_t sv, uint32_t svt, int i) {
+    constexpr int WARPS = 3, BLOCKS = (C::D / 16) * (C::BN / 32);
+    const int lane = i % 32;
+#pragma unroll 1
+    for (int blk = i / 32; blk < BLOCKS; blk += WARPS) {
+        const fa_vt_item it = fa_vt_item_of(blk, lane, C::BN);
+        uint32_t v[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const uint32_t at = sv + fa_sw128_at(fa_vt_key(it, q), it.n, C::KV_PANEL);
+            asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v[q]) : "r"(at) : "memory");
+        }
+        /* w[k]: the V row of the item's key k (load q read key (q + r) % 4) */
+        uint32_t w[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) w[k] = it.r ? v[(k + 3) & 3] : v[k];
+        /* out[x] = byte x of w[0..3]: V^T row n + x */
+        const uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140), hi01 = __byte_perm(w[0], w[1], 0x7362);
+        const uint32_t lo23 = __byte_perm(w[2], w[3], 0x5140), hi23 = __byte_perm(w[2], w[3], 0x7362);
+        const uint32_t out[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
+                                 __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
+#pragma unroll
+        for (int j = 0; j < 4; j++) { /* store j: row n + (j ^ s), s 0 or 2 */
+            const uint32_t at = svt + fa_sw128_at(fa_vt_row(it, j), it.c, C::VT_PANEL);
+            const uint32_t x = it.s ? out[j ^ 2] : out[j];
+            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(x) : "memory");
+        }
+    }
+}
+
+/* T: the inputs' type (FP8: __nv_fp8_e4m3, with C::E 1); TO: O's (T for 16-bit inputs) */
+template <typename T, typename C, int SCHED, typename TO = T>
 __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_constant__ Args a) {
 #ifdef FA_SM90A_DEVICE
     constexpr int D = C::D, BN = C::BN, STAGES = C::STAGES, NQ = C::NQ, PANELS = C::PANELS;
-    constexpr int NC = C::NC;
+    constexpr int NC = C::NC, COLS = C::COLS;
+    constexpr bool F8 = C::E == 1;
+    /* k-steps of 32 bytes: of S (over D) and of P V (over BN), i.e. P's A fragments */
+    constexpr int KS = D * C::E / 32, KP = BN * C::E / 32;
     constexpr uint32_t Q_PANEL = C::Q_PANEL, Q_WG = C::Q_WG, KV_PANEL = C::KV_PANEL;
     constexpr uint32_t KV_TILE = C::KV_TILE, OFF_K = C::OFF_K, OFF_V = C::OFF_V;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -277,6 +359,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     const uint32_t bar_kfull = bar_qempty + 8 * NQ, bar_vfull = bar_kfull + 8 * STAGES;
     const uint32_t bar_kempty = bar_vfull + 8 * STAGES, bar_vempty = bar_kempty + 8 * STAGES;
     const uint32_t tile_slot = base + C::OFF_TILE;
+    /* FP8: per stage V^T full (the transposers' 96 threads); the consumers' V wait is on it */
+    const uint32_t bar_vtfull = bar_vempty + 8 * STAGES, stop_slot = base + C::OFF_STOP;
+    const uint32_t bar_vready = F8 ? bar_vtfull : bar_vfull;
 #ifdef FA_SM90_WATCHDOG
     if (blockIdx.x == 0 && threadIdx.x == 0)
         printf("watchdog: d %d bn %d nq %d nc %d: q full at %u, q empty %u, k full %u, v full %u, "
@@ -287,6 +372,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
 
     if (tid == 0) {
         init_ring<NQ, STAGES, C::CTHREADS>(bar_q);
+        if (F8) {
+            for (int s = 0; s < STAGES; s++) mbar_init(bar_vtfull + 8 * s, 96);
+            st_shared_s32(stop_slot, -1);
+        }
         mbar_init_fence();
     }
     __syncthreads();
@@ -302,6 +391,20 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     if (wg == 0) {
         regs_dec<C::REG_P>();
         tr.init(0, tid == 0);
+        /* FP8: warps 1..3 transpose each V tile the copy engine lands into the stage's V^T,
+           in ring order, until the position the loader marks as the end (stop_slot) */
+        if (F8 && tid >= 32) {
+#pragma unroll 1
+            for (int pos = 0;; pos++) {
+                const int s = pos % STAGES;
+                mbar_wait(bar_vfull + 8 * s, (uint32_t)(pos / STAGES) & 1u);
+                if (ld_shared_s32(stop_slot) == pos) break;
+                transpose_v<C>(base + OFF_V + s * KV_TILE, base + C::OFF_VT + s * C::VT_TILE, tid - 32);
+                fence_async_smem(); /* the generic-proxy writes, visible to the products */
+                mbar_arrive(bar_vtfull + 8 * s);
+            }
+            return;
+        }
         if (tid == 0) {
             int pos = 0, tc = 0, t = blockIdx.x; /* the ring position (key tiles so far) */
             /* the Q of the tile-th work tile (t, w: false when none is left) into buffer tc % NQ,
@@ -321,7 +424,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
 #pragma unroll 1
                     for (int x = 0; x < PANELS; x++)
                         tma_load4(base + (qb * NC + c) * Q_WG + x * Q_PANEL, &a.tq, bar_q + 8 * qb,
-                                  x * 64, w.h, w.q0 + w.row0 + 64 * c, w.bt);
+                                  x * COLS, w.h, w.q0 + w.row0 + 64 * c, w.bt);
             };
             auto find = [&](int t, Tile &x) {
                 while (t < a.tiles && !tile_of<C>(a, t, x)) t = next_tile(a, t);
@@ -337,7 +440,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 mbar_expect_tx(full + 8 * s, KV_TILE);
 #pragma unroll 1
                 for (int x = 0; x < PANELS; x++)
-                    tma_load4(base + off + s * KV_TILE + x * KV_PANEL, map, full + 8 * s, x * 64,
+                    tma_load4(base + off + s * KV_TILE + x * KV_PANEL, map, full + 8 * s, x * COLS,
                               hk, tok, bt);
             };
             t = find(t, w);
@@ -381,6 +484,11 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 }
                 t = tn;
             }
+            if (F8) { /* the end for the transposers: once the slot is free, a plain arrival */
+                mbar_wait(bar_vempty + 8 * (pos % STAGES), ((uint32_t)(pos / STAGES) & 1u) ^ 1u);
+                st_shared_s32(stop_slot, pos);
+                mbar_arrive(bar_vfull + 8 * (pos % STAGES));
+            }
             tr(TR_DONE);
             tr.finish();
         }
@@ -409,7 +517,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         wg_fence();
         const Desc dq = desc_sw128(sQ, 16, 1024), dk = desc_sw128(sK, 16, 1024);
 #pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
+        for (int kk = 0; kk < KS; kk++) {
             const uint32_t off = (kk % 4) * 32u;
             Wgmma<T, BN>::ss(sc, desc_at(dq, (kk / 4) * Q_PANEL + off),
                              desc_at(dk, (kk / 4) * KV_PANEL + off), kk > 0);
@@ -418,12 +526,20 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     };
     /* O += P V: k-step kk is keys 16kk.. = rows 16kk.. of every V panel (leading offset: the
        panels, KV_PANEL apart; stride: the next 8 keys). Issued, not waited for. */
-    auto issue_pv = [&](const uint32_t (&pa)[BN / 16][4], uint32_t sV) {
+    auto issue_pv = [&](const uint32_t (&pa)[KP][4], uint32_t sV) {
         wg_pin(o);
         wg_fence();
-        const Desc dv = desc_sw128(sV, KV_PANEL, 1024);
+        if (F8) { /* V^T K-major as K in S: k-step kk is keys 32 kk.., bytes 32 (kk % 4) of the
+                     128-key panel kk / 4 */
+            const Desc dv = desc_sw128(sV, 16, 1024);
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) Wgmma<T, D>::rs(o, pa[kk], desc_at(dv, kk * 16 * 128), 1);
+            for (int kk = 0; kk < KP; kk++)
+                Wgmma<T, D>::rs(o, pa[kk], desc_at(dv, (kk / 4) * C::VT_PANEL + (kk % 4) * 32u), 1);
+        } else {
+            const Desc dv = desc_sw128(sV, KV_PANEL, 1024);
+#pragma unroll
+            for (int kk = 0; kk < KP; kk++) Wgmma<T, D>::rs(o, pa[kk], desc_at(dv, kk * 16 * 128), 1);
+        }
         wg_commit();
     };
     /* Scores without softcap or ALiBi stay raw (the exponent takes scale * log2 e); with them,
@@ -438,7 +554,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
        crosses the right one only, and its mask compares one bound instead of two; d 256,
        where it did not pay, keeps the one general form (perf fwd_sm90 K3) */
     constexpr bool RIGHT_ONLY = D <= 128;
-    const float mul = fancy ? 1.f : a.m.scale_log2;
+    /* FP8: times q_descale k_descale of the tile's (batch, kv head) (start) */
+    float mul = fancy ? 1.f : a.m.scale_log2;
     float slope = 0.f;
     /* every_c: the keys every row of this consumer sees (start): a tile inside them needs no
        mask. The consumer's bounds, not the block's (w.every), with which two consumers in
@@ -513,7 +630,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
        or NaN) the caller runs softmax_core on the unchanged scores. Decided per warp: no
        warpgroup instruction depends on it. */
     const float p_bound = exp2f(a.lazy);
-    auto exp_at_max = [&](const float (&sc)[BN / 2], uint32_t (&pa)[BN / 16][4]) {
+    auto exp_at_max = [&](const float (&sc)[BN / 2], uint32_t (&pa)[KP][4]) {
         float sum[2] = {0.f, 0.f};
         const float m_use[2] = {m[0] == -INFINITY ? 0.f : m[0], m[1] == -INFINITY ? 0.f : m[1]};
         with_row_exp(m_use, [&](auto ex) {
@@ -524,7 +641,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                     const float p0 = ex(hr, sc[4 * j + 2 * hr], mul, m_use[hr]);
                     const float p1 = ex(hr, sc[4 * j + 2 * hr + 1], mul, m_use[hr]);
                     sum[hr] += p0 + p1;
-                    pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(p0, p1);
+                    PutP<T>::put(pa, j, hr, p0, p1);
                 }
         });
         const bool ok = sum[0] <= p_bound && sum[1] <= p_bound && m[0] != -INFINITY &&
@@ -534,12 +651,12 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         l[1] += sum[1];
         return true;
     };
-    auto pack_p = [&](const float (&sc)[BN / 2], uint32_t (&pa)[BN / 16][4]) {
+    auto pack_p = [&](const float (&sc)[BN / 2], uint32_t (&pa)[KP][4]) {
 #pragma unroll
         for (int j = 0; j < NS; j++)
 #pragma unroll
             for (int hr = 0; hr < 2; hr++)
-                pa[j / 2][hr + 2 * (j % 2)] = pack2<T>(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]);
+                PutP<T>::put(pa, j, hr, sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]);
     };
     /* Ring position pos (the producer's count of key tiles so far): its slot and phase, and the
        slot's K and V; key0(it) is the first key of the current tile's key tile it (key_tile's
@@ -547,7 +664,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     auto slot = [&](int pos) { return pos % STAGES; };
     auto phase = [&](int pos) { return (uint32_t)(pos / STAGES) & 1u; };
     auto k_smem = [&](int pos) { return base + OFF_K + slot(pos) * KV_TILE; };
-    auto v_smem = [&](int pos) { return base + OFF_V + slot(pos) * KV_TILE; };
+    /* the P V operand: the stage's V, or (FP8) its V^T */
+    auto v_smem = [&](int pos) {
+        return F8 ? base + C::OFF_VT + slot(pos) * C::VT_TILE : base + OFF_V + slot(pos) * KV_TILE;
+    };
     auto key0 = [&](int it) { return key_tile(w.t_first, w.ntiles, it) * BN; };
 
     /* Varlen: the rows of a tile past its sequence's last key hold the next sequence's tokens
@@ -556,6 +676,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
        matter; both consumers write the same zeros), made visible to the tensor cores, and the
        warpgroup synchronises on its named barrier (3 + c) before its products read them. */
     auto clear_tail = [&](int pos, int kcol0) {
+        if constexpr (!F8) { /* FP8: no varlen (fa_sm90_fwd refuses it) */
         const int valid = w.sk - kcol0;
         if (!a.cu_q || valid >= BN) return;
         for (int i = wtid; i < PANELS * (BN - valid) * 8; i += 128) {
@@ -565,20 +686,21 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         }
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         asm volatile("bar.sync %0, 128;\n" ::"r"(3 + c) : "memory");
+        }
     };
     /* waits for the K (or V) at ring position pos and gives the slot back once this thread's
        products have read it; V waits also zero the varlen tail of the current tile's key
        tile it */
     auto wait_k = [&](int pos) { mbar_wait(bar_kfull + 8 * slot(pos), phase(pos)); };
     auto wait_v = [&](int pos, int it) {
-        mbar_wait(bar_vfull + 8 * slot(pos), phase(pos));
+        mbar_wait(bar_vready + 8 * slot(pos), phase(pos));
         clear_tail(pos, key0(it));
     };
     auto free_k = [&](int pos) { mbar_arrive(bar_kempty + 8 * slot(pos)); };
     /* trace builds: whether K at ring position pk and V at pv had landed before their waits */
     auto probe = [&](int pk, int pv) {
         return mbar_done(bar_kfull + 8 * slot(pk), phase(pk)) |
-               2 * mbar_done(bar_vfull + 8 * slot(pv), phase(pv));
+               2 * mbar_done(bar_vready + 8 * slot(pv), phase(pv));
     };
     auto free_v = [&](int pos) { mbar_arrive(bar_vempty + 8 * slot(pos)); };
     /* The key tiles at the end of tile x's loop (its last keys) that none of this consumer's
@@ -602,7 +724,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         for (int i = 0; i < n; i++) {
             wait_k(pos + i);
             free_k(pos + i);
-            mbar_wait(bar_vfull + 8 * slot(pos + i), phase(pos + i));
+            mbar_wait(bar_vready + 8 * slot(pos + i), phase(pos + i));
             free_v(pos + i);
         }
     };
@@ -614,8 +736,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     constexpr bool FENCED = D > BN;
     /* where the wait is not fenced it comes first anyway: there the key loop's softmax runs
        at the running max (exp_at_max), skipping the row max on most tiles (perf fwd_sm90
-       K6) */
-    constexpr bool AT_MAX = !FENCED;
+       K6). Not FP8: with no lazy margin (LAZY_F8) its test, every partial row sum at most 1,
+       fails wherever a row's probabilities spread, and its fallback computes the
+       exponentials twice */
+    constexpr bool AT_MAX = !FENCED && !F8;
     auto wait_pv = [&]() {
         if (FENCED)
             wg_wait_after<0>(l[0] + l[1]);
@@ -656,6 +780,11 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         every_c = fa_rows_common(rows_of(a, x), x.row0 + 64 * c, min(x.row0 + 64 * c + 64, x.sq));
         m[0] = m[1] = -INFINITY;
         l[0] = l[1] = 0.f;
+        if (F8) {
+            const int hk = x.h / a.group;
+            mul = a.m.scale_log2 * descale_at(a.q_descale, a.ds_sb, x.b, hk) *
+                  descale_at(a.k_descale, a.ds_sb, x.b, hk);
+        }
     };
     /* O / l and LSE = m ln2 + log l of tile x; rows outside the sequence are not stored. With
        the copy engine (o_tma, no row before the sequence's first, and rows wholly inside it
@@ -674,7 +803,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
         pending = 0;
     };
     auto by_tma = [&](const Tile &x) {
-        return C::NQ >= 2 && a.o_tma && x.row0 + 64 * c >= 0 &&
+        return !F8 && C::NQ >= 2 && a.o_tma && x.row0 + 64 * c >= 0 &&
                (!a.cu_q || x.row0 + 64 * c + 64 <= x.sq);
     };
     /* after the tile's last S: the Q buffer goes back now unless O leaves through it */
@@ -684,17 +813,19 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
     auto store = [&](const Out &x, bool tma, const float (&mm)[2], const float (&ll)[2],
                      uint32_t q_smem, uint32_t q_empty) {
         float lt[2], inv[2];
+        /* FP8: O = v_descale (P V8) / l */
+        const float vd = F8 ? descale_at(a.v_descale, a.ds_sb, x.bo, x.h / a.group) : 1.f;
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
             lt[hr] = quad_sum(ll[hr]);
-            inv[hr] = lt[hr] > 0.f ? 1.f / lt[hr] : 0.f;
+            inv[hr] = lt[hr] > 0.f ? vd / lt[hr] : 0.f;
         }
         tr(TR_O_SUM);
         /* row g + 8 hr of O in 16 bits: n8 tile j, columns 2 t4, 2 t4 + 1 */
         auto pack_o = [&](uint32_t (&v)[NO], int hr) {
 #pragma unroll
             for (int j = 0; j < NO; j++)
-                v[j] = pack2<T>(o[4 * j + 2 * hr] * inv[hr], o[4 * j + 2 * hr + 1] * inv[hr]);
+                v[j] = pack2<TO>(o[4 * j + 2 * hr] * inv[hr], o[4 * j + 2 * hr + 1] * inv[hr]);
         };
         /* LSE = m ln 2 + log l of the row (rows outside the sequence: not stored) */
         auto store_lse = [&](int hr) {
@@ -717,7 +848,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
                 for (int jj = 0; jj < NO / 4; jj++)
                     quad_transpose(v[4 * jj], v[4 * jj + 1], v[4 * jj + 2], v[4 * jj + 3], t4);
                 if (row >= 0 && row < x.sq) {
-                    T *orow = (T *)a.o + (int64_t)x.bo * a.o_sb + (int64_t)(x.q0 + row) * a.o_st +
+                    TO *orow = (TO *)a.o + (int64_t)x.bo * a.o_sb + (int64_t)(x.q0 + row) * a.o_st +
                               (int64_t)x.h * a.o_sh;
 #pragma unroll
                     for (int jj = 0; jj < NO / 4; jj++)
@@ -771,7 +902,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) fwd_sm90_kernel(const __grid_co
      * stored while the next one's first softmax is done (`primed`).
      */
     float sc[BN / 2], alpha[2];
-    uint32_t pa[BN / 16][4];
+    uint32_t pa[KP][4];
     uint32_t qempty = 0, sQn = 0, qempty_n = 0;
     bool keys = true; /* whether the tile fetched last sees any key */
     int nskip = 0;    /* the tile's key tiles this consumer skips (skip_of) */

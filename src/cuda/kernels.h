@@ -99,6 +99,9 @@ fa_status fa_sm80_fwd(const fa_problem *p, fa_cuda_launch *l);
 fa_status fa_sm90_fwd(const fa_problem *p, fa_cuda_launch *l);
 /* Whether the Hopper forward has a kernel for p's head dim (it may still decline p). */
 int fa_sm90_fwd_covers(const fa_problem *p);
+/* What the sm90 FP8 forward does not take of p (inputs FP8), as "this head dim (...)", or
+   NULL: it takes it (given an sm_90 GPU and a build with sm_90a code). */
+const char *fa_sm90_fwd_f8_refusal(const fa_problem *p);
 /* Workspace bytes the sm90 forward uses (its persistent grid's tile counter). */
 #define FA_SM90_FWD_WORKSPACE 256
 

@@ -14,8 +14,9 @@ namespace fa {
 namespace sm90 {
 
 /* The tilings (fwd_sm90.cuh's Cfg, fwd_sm90_serial.cuh's SerialCfg): head dim, key tile
-   BN, ring stages, Q buffers, consumer warpgroups, the producer's registers. */
-template <int D, int BN, int STAGES, int NQ, int NC, int REG_P> struct Cfg;
+   BN, ring stages, Q buffers, consumer warpgroups, the producer's registers, bytes per input
+   element (2: f16/bf16; 1: FP8 e4m3, whose V is transposed in shared memory). */
+template <int D, int BN, int STAGES, int NQ, int NC, int REG_P, int E = 2> struct Cfg;
 template <int D, int BN, int STAGES, int NQ> struct SerialCfg;
 
 /* Per head dim two tilings of the overlapped kernel: C, and Long for long key rows (wider
@@ -44,6 +45,13 @@ template <> struct Tiles<256> {
     using Long = Cfg<256, 80, 2, 1, 2, 40>;
 };
 
+/* The FP8 (e4m3) tilings: 128-key tiles, as the transposed V's rows are keys and its 128-byte
+   swizzle needs 128 of them; one tiling per head dim (untimed: first bring-up). d 128: 2 Q
+   buffers, 3 stages of K, V and V^T (176 KB); d 256: 1 Q buffer, 2 stages (225 KB). */
+template <int D> struct F8Tiles;
+template <> struct F8Tiles<128> { using C = Cfg<128, 128, 3, 2, 2, 40, 1>; };
+template <> struct F8Tiles<256> { using C = Cfg<256, 128, 2, 1, 2, 40, 1>; };
+
 /* The series kernel's tiling per head dim: 128-key tiles; d 256 has room for one Q buffer and
    one K and one V slot (224 KB), d 128 for two Q buffers and two slots (224 KB), d 64 for two
    and three (160 KB). */
@@ -60,6 +68,12 @@ enum Schedule { OVERLAP = 0, PINGPONG = 1 };
    than LAZY (log2 units), so most tiles leave O unscaled; probabilities then reach 2^LAZY,
    which 16 bits and the fp32 sums hold. */
 constexpr float LAZY = 8.f;
+/* FP8 (e4m3 P) moves the max whenever a tile's exceeds it (no lazy margin): P V rounds P to
+   e4m3 (relative 2^-4), and a lagging reference makes the row's largest probability
+   2^(max - ref), up to 2^LAZY, where at the true max it is 1 and exact; with one key
+   dominating a row that rounding alone put the output 2-3x further from the float64
+   attention than FlashAttention-3's always-moving max (bench/probes/fp8_lazy.py). */
+constexpr float LAZY_F8 = 0.f;
 
 /* Whether p takes the Long tiling: d 64 from 2048 keys, d 128 from 8192, d 256 but for
    masks over at most 512 keys (perf fwd_sm90 T1). */

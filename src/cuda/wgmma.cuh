@@ -11,6 +11,8 @@
 #include <cuda.h>
 #include <stdint.h>
 
+#include <cuda_fp8.h>
+
 #include "ptx.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -311,6 +313,34 @@ FA_WGMMA_SIZES(__half, "f16")
 #undef FA_WGMMA_SIZES
 #undef FA_WGMMA
 #undef FA_WG_SS
+
+/* FP8 e4m3 (m64nNk32: a k-step is 32 elements = 32 bytes, as bf16's 16). Both operands
+   K-major: the FP8 shapes have no transposes (no imm-trans operands), so V is transposed in
+   shared memory (fwd_sm90.cuh). rs's A fragment: four registers of four e4m3 each, the m16n8k32
+   A layout of each warp's 16 rows (register r: row g + 8 (r % 2), columns 16 (r / 2) + 4 t4
+   .. + 3, the lowest column in the lowest byte). */
+#define FA_WGMMA8(N, NR, SS_AB, SS_SC, RS_AB, RS_SC)                                               \
+    template <> struct Wgmma<__nv_fp8_e4m3, N> {                                                  \
+        __device__ __forceinline__ static void ss(float (&d)[NR], uint64_t da, uint64_t db,      \
+                                                  int scale_d) {                                  \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SS_SC ", 0;\n"                     \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32.e4m3.e4m3 {"            \
+                         FA_WG_R##NR "}, " SS_AB ", p, 1, 1;\n}\n"                                \
+                         : FA_WG_D##NR("+f")                                                       \
+                         : "l"(da), "l"(db), "r"(scale_d));                                       \
+        }                                                                                         \
+        __device__ __forceinline__ static void rs(float (&d)[NR], const uint32_t (&a)[4],        \
+                                                  uint64_t db, int scale_d) {                     \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " RS_SC ", 0;\n"                     \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32.e4m3.e4m3 {"            \
+                         FA_WG_R##NR "}, " RS_AB ", p, 1, 1;\n}\n"                                \
+                         : FA_WG_D##NR("+f")                                                       \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));   \
+        }                                                                                         \
+    };
+FA_WGMMA8(128, 64, "%64, %65", "%66", "{%64, %65, %66, %67}, %68", "%69")
+FA_WGMMA8(256, 128, "%128, %129", "%130", "{%128, %129, %130, %131}, %132", "%133")
+#undef FA_WGMMA8
 
 } // namespace sm90
 } // namespace fa
