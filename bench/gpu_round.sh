@@ -3,7 +3,9 @@
 # fuzzer on the idle CPU cores meanwhile (bench/fuzz_bg.sh), the GPU and Python test entries,
 # the host CPU's AMX/AVX-512 levels, optional extra commands, bench/gpu.sh's decode stage, and
 # the fuzzer's count. Results under $OUT (gpu.sh's files, round.txt with the key lines).
-#   run(command="COMMIT=<sha> bash bench/gpu_round.sh", carry=[".deps"], timeout_s=600)
+#   run(command="COMMIT=<sha> bash bench/gpu_round.sh", carry=[".deps", "build-fuzzcarry"], timeout_s=600)
+# (the lent image has no clang: without the carried fuzzer, made by `bench/fuzz_bg.sh carry`, the
+# fuzzer stage reports "build failed" and nothing runs)
 # Environment: COMMIT; CTEST_ARGS (default "-L gpu|python"); CPU_TESTS (a ctest -R regex for
 # the host CPU's levels, default the _amx and _avx512 entries); EXTRA (a command run after the
 # tests, e.g. a benchmark writing into $OUT; its limit is what is left less EXTRA_RESERVE_S,
