@@ -7,7 +7,8 @@
 # For changes meant to leave the kernels' speed alone (a clean-up whose SASS changed).
 #
 #   git archive -o ab-base.tar <base>     # on the development machine; untracked, so it
-#                                         # travels with the tree (delete it afterwards)
+#                                         # travels with the tree (delete it afterwards, and
+#                                         # keep it out of commits: `git add -A` takes it)
 #   run(command="AB_BASE_TAR=ab-base.tar BASE=<base> COMMIT=<sha> bash bench/ab_builds.sh",
 #       carry=[".deps"], timeout_s=600)
 #
