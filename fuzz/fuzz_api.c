@@ -253,6 +253,43 @@ static fa_status run_call(fz_call *c) {
 #undef T
 }
 
+static void dump_value(void *user, uint8_t *p) {
+    const fa_tensor *t = user;
+    fprintf(stderr, " %.9g", fz_get(t->dtype, p));
+}
+
+/* FUZZ_DUMP=1: the decoded call on stderr (up to 64 values a tensor), to study a finding. */
+static void dump_call(const fz_call *c, int threads, int strict) {
+    static const char *const dt[] = {"f32", "f16", "bf16", "f64", "e4m3", "e5m2"};
+    const fa_params *p = &c->prm;
+    fprintf(stderr,
+            "%s algo %d threads %d strict %d vmode %d scale %g causal %d window %lld,%lld "
+            "softcap %g alibi %s (stride %lld) varlen %s deterministic %d\n",
+            op_name[c->op], (int)c->algo, threads, strict, c->vmode, (double)p->softmax_scale,
+            p->causal, (long long)p->window_left, (long long)p->window_right, (double)p->softcap,
+            p->alibi_slopes ? "yes" : "no", (long long)p->alibi_batch_stride,
+            p->cu_seqlens_q ? "yes" : "no", p->deterministic);
+    for (int i = 0; i < c->nt; i++) {
+        const fa_tensor *t = &c->view[i];
+        fprintf(stderr, "  %-8s %-4s data %s shape [", c->name[i],
+                (unsigned)t->dtype < 6 ? dt[t->dtype] : "?",
+                t->data ? "set" : "NULL");
+        for (int j = 0; j < t->ndim && j < 4; j++)
+            fprintf(stderr, "%s%lld", j ? " " : "", (long long)t->shape[j]);
+        fprintf(stderr, "] stride [");
+        for (int j = 0; j < t->ndim && j < 4; j++)
+            fprintf(stderr, "%s%lld", j ? " " : "", (long long)t->stride[j]);
+        fprintf(stderr, "]%s\n", c->sane[i] ? "" : " (broken)");
+        int64_t n = 1;
+        for (int j = 0; j < t->ndim && j < 4; j++) n *= t->shape[j];
+        if (c->sane[i] && t->data && n <= 64) {
+            fprintf(stderr, "    ");
+            fz_each(t, dump_value, (void *)t);
+            fputc('\n', stderr);
+        }
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!ctx && fa_context_create(&ctx, FA_BACKEND_CPU) != FA_OK) abort();
     fz f = {data, size};
@@ -277,9 +314,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FZ_CHECK(fa_context_set_threads(ctx, threads) == FA_OK, "set_threads");
     FZ_CHECK(fa_context_set_algo(ctx, c.algo) == FA_OK, "set_algo");
     FZ_CHECK(fa_context_set_strict(ctx, strict) == FA_OK, "set_strict");
+    if (getenv("FUZZ_DUMP")) dump_call(&c, threads, strict);
     memcpy(c.before, c.arena, c.arena_bytes);
     const fa_status st = run_call(&c);
     const char *msg = fa_last_error(ctx);
+    if (getenv("FUZZ_DUMP")) {
+        fprintf(stderr, "status %s: %s; after the call:\n", fa_status_string(st), msg);
+        dump_call(&c, threads, strict);
+    }
     if (st != FA_OK) {
         FZ_CHECK(msg && msg[0], "%s failed (%s) without a message", op_name[c.op],
                  fa_status_string(st));

@@ -553,6 +553,67 @@ static void kvcache_special(void **state) {
 
 /* ---- the CUDA kernels (test_special cuda) ---- */
 
+/* ---- extreme softmax scales ---- */
+
+/* The backward at a softmax scale far from 1, against the float64 reference: each gradient
+   within tol of the largest of its kind. A tiny scale with huge K, V and dO: the unscaled
+   sums dS K and dS Q reach 1e52, past fp32, while scale times them is finite (dQ near 1e9):
+   dS must take the scale before its products (fuzz finding bwd-dq-nonfinite-1d39219f). A huge
+   scale with tiny Q and K: there the sums take it after. */
+static void scale_case(fa_dtype dt, float scale, double mq, double mk, double mv, double mdo,
+                       int64_t d, int causal, uint64_t seed) {
+    const int64_t n = 70; /* two tiles of keys */
+    prob p, ref;
+    prob_init(&p, dt, n, n, d);
+    prob_init(&ref, dt, n, n, d);
+    tk_rng r;
+    tk_rng_init(&r, seed);
+    fill(p.q, n * d, dt, &r, -mq, mq);
+    fill(p.k, n * d, dt, &r, -mk, mk);
+    fill(p.v, n * d, dt, &r, -mv, mv);
+    fill(p.dout, n * d, dt, &r, -mdo, mdo);
+    memcpy(ref.q, p.q, (size_t)(n * d) * 8), memcpy(ref.k, p.k, (size_t)(n * d) * 8);
+    memcpy(ref.v, p.v, (size_t)(n * d) * 8), memcpy(ref.dout, p.dout, (size_t)(n * d) * 8);
+    fa_params prm = fa_params_default();
+    prm.softmax_scale = scale;
+    prm.causal = causal;
+    run(&p, FA_ALGO_AUTO, &prm, 1);
+    run(&ref, FA_ALGO_NAIVE, &prm, 1);
+    char what[64];
+    snprintf(what, sizeof what, "scale %g%s", (double)scale, causal ? " causal" : "");
+    expect_finite(&p, 1, what);
+    const double tol = dt == FA_DTYPE_F32 ? 1e-3 : 3e-2;
+    const double *got[] = {p.dq, p.dk, p.dv}, *want[] = {ref.dq, ref.dk, ref.dv};
+    static const char *name[] = {"dQ", "dK", "dV"};
+    for (int g = 0; g < 3; g++) {
+        double big = 0;
+        for (int64_t i = 0; i < n * d; i++) big = fmax(big, fabs(want[g][i]));
+        for (int64_t i = 0; i < n * d; i++)
+            if (!(fabs(got[g][i] - want[g][i]) <= tol * big))
+                fail_msg("%s %s d %lld: %s[%lld] = %g, reference %g (largest %g)", what,
+                         dtn(dt), (long long)d, name[g], (long long)i, got[g][i], want[g][i],
+                         big);
+    }
+    prob_free(&p), prob_free(&ref);
+}
+
+static void scale_extremes(void **state) {
+    (void)state;
+    static const char *sched[] = {"one-pass", "two-pass"};
+    static const fa_dtype dts[] = {FA_DTYPE_F32, FA_DTYPE_BF16};
+    for (int s = 0; s < 2; s++) {
+        setenv("FLASHATTN_CPU_BWD_SCHEDULE", sched[s], 1);
+        for (int t = 0; t < 2; t++)
+            for (int64_t d = 8; d <= 40; d += 32)
+                for (int causal = 0; causal < 2; causal++) {
+                    const uint64_t sd = 600 + (uint64_t)(s * 8 + t * 4 + causal) + (uint64_t)d;
+                    scale_case(dts[t], 0x1p-140f, 1, 1e15, 1e12, 1e22, d, causal, sd);
+                    scale_case(dts[t], 0x1p100f, 1e-20, 1e-20, 1, 1, d, causal, sd);
+                }
+    }
+    unsetenv("FLASHATTN_CPU_BWD_SCHEDULE");
+}
+
 static const int64_t cuda_ds[] = {8, 40, 64, 128, 256};
 
 static void cuda_huge_forward(void **state) {
@@ -619,6 +680,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(zeros_subnormals), cmocka_unit_test(masked_forward),
         cmocka_unit_test(masked_backward),  cmocka_unit_test(masked_reference),
         cmocka_unit_test(visible_nan),      cmocka_unit_test(kvcache_special),
+        cmocka_unit_test(scale_extremes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

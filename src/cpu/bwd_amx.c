@@ -17,7 +17,8 @@
  *   dK^T += Q^T dS     A = Q^T rows,  B = dS in VNNI pairs of query rows (dsp)
  *   dQ  += dS K        A = dS rows in bf16 (dsr), B = K in VNNI pairs of keys (kp)
  * P and dS are rounded to bf16 for the products (as the plain bf16 baseline rounds its matmul
- * inputs); every accumulator is fp32. dK and dQ take the scale when they are stored.
+ * inputs); every accumulator is fp32. dS takes the scale's part fa_tm_ds_pre, dK and dQ the
+ * rest when they are stored.
  *
  * The query side (Q and dO rows, their transposes, LSE, D = rowsum(dO * O), computed here
  * instead of in a pass of its own) is packed once per work item for all query heads of the
@@ -460,7 +461,7 @@ FA_TM_INLINE __mmask16 span16(int j, int lo, int hi) {
    and dS of a masked key are 0 by selection, since its dP is NaN where its V holds NaN or Inf
    and D is where the row's dO does (0 * NaN). */
 FA_TM_INLINE void row_chunk(const bwd_bufs *B, int i, int j, int nk, __mmask16 vis, float mul,
-                            float lse, float di, int cap, __m512 *pv, __m512 *dsv) {
+                            float pre, float lse, float di, int cap, __m512 *pv, __m512 *dsv) {
     const float *s = B->s + (size_t)i * BK + j, *dp = B->dps + (size_t)i * BK + j;
     const int n = nk - j;
     const __mmask16 keep =
@@ -468,8 +469,9 @@ FA_TM_INLINE void row_chunk(const bwd_bufs *B, int i, int j, int nk, __mmask16 v
     /* as fa_vexp_softmax_row: clamped at 0, the score may exceed LSE by a rounding */
     fa_vf x = fa_vclamp0(fa_vload(s) * fa_vset1(mul) - fa_vset1(lse));
     const __m512 pr = _mm512_maskz_mov_ps(keep, (__m512)fa_vexp_softmax(x));
-    __m512 ds =
+    __m512 ds = /* P (dP - D) pre (fa_tm_ds_pre) */
         _mm512_maskz_mul_ps(keep, pr, _mm512_sub_ps(_mm512_loadu_ps(dp), _mm512_set1_ps(di)));
+    ds = _mm512_mul_ps(ds, _mm512_set1_ps(pre));
     if (cap) ds = _mm512_maskz_mul_ps(keep, ds, _mm512_loadu_ps(B->g + (size_t)i * BK + j));
     *pv = pr;
     *dsv = ds;
@@ -485,7 +487,7 @@ typedef struct build_job {
     const float *lse, *dd;
     const int *vlo, *vhi; /* keys [vlo[i], vhi[i]) of the tile are row i's; NULL: all */
     int nq, nq32, nk, nk32, cap;
-    float mul;
+    float mul, pre; /* the exponentials' scale (1 where transformed); dS's (fa_tm_ds_pre) */
     int next; /* the first row not built yet */
 } build_job;
 
@@ -494,7 +496,7 @@ static void build_rows(const bwd_bufs *B, build_job *job, int n) {
     uint32_t *pp = job->pp, *dsp = job->dsp;
     const float *lse = job->lse, *dd = job->dd;
     const int nq = job->nq, nk = job->nk, nk32 = job->nk32, cap = job->cap;
-    const float mul = job->mul;
+    const float mul = job->mul, pre = job->pre;
     const int i0 = job->next, i1 = i0 + 2 * n < job->nq32 ? i0 + 2 * n : job->nq32;
     job->next = i1;
     const __m512i ilv = interleave_idx(16);
@@ -504,9 +506,9 @@ static void build_rows(const bwd_bufs *B, build_job *job, int n) {
             __m512 p0, p1, d0, d1;
             const __mmask16 v0 = job->vlo ? span16(j, job->vlo[i], job->vhi[i]) : 0xffff;
             const __mmask16 v1 = job->vlo ? span16(j, job->vlo[i + 1], job->vhi[i + 1]) : 0xffff;
-            row_chunk(B, i, j, nk, v0, mul, lse[i], dd[i], cap && i < nq, &p0, &d0);
-            row_chunk(B, i + 1, j, nk, v1, mul, lse[i + 1], dd[i + 1], cap && i + 1 < nq, &p1,
-                      &d1);
+            row_chunk(B, i, j, nk, v0, mul, pre, lse[i], dd[i], cap && i < nq, &p0, &d0);
+            row_chunk(B, i + 1, j, nk, v1, mul, pre, lse[i + 1], dd[i + 1], cap && i + 1 < nq,
+                      &p1, &d1);
             if (B->parts > 1) { /* fp32: each value split, a row of pairs or dS per part */
                 split_store_pairs(pp + (size_t)(i / 2) * BK + j, pd, p0, p1);
                 split_store_pairs(dsp + (size_t)(i / 2) * BK + j, pd, d0, d1);
@@ -657,7 +659,8 @@ static void tile_pair(const fa_problem *p, const bwd_bufs *B, const kt_bufs *K,
     uint16_t *dsr = B->dsr + (size_t)*cur * B->parts * BQ * BK;
     build_job bj = {B->pp + slot, B->dsp + slot, dsr, B->lse + row0, B->dd + row0,
                     partial ? rel.lo : NULL, partial ? rel.hi : NULL,
-                    at->nq, nq32, at->nk, nk32, cap > 0, transform ? 1.0f : p->scale, 0};
+                    at->nq, nq32, at->nk, nk32, cap > 0, transform ? 1.0f : p->scale,
+                    fa_tm_ds_pre(p->scale), 0};
     dq_job mine;
     mine.dq = B->dq + (size_t)row0 * dp;
     mine.dsr = dsr;
@@ -827,7 +830,8 @@ static void amx_bwd_item(const fa_problem *p, int64_t b, int64_t hk, float *ws, 
         _mm_setcsr(csr_store);
         for (int t = 0; t < n; t++) {
             const int64_t jt = k0 + j0 + t * BK;
-            store_keys(p, &B, B.kt[t].dkt, &p->dk, bk, jt, nk[t], hk, p->scale, un_s);
+            store_keys(p, &B, B.kt[t].dkt, &p->dk, bk, jt, nk[t], hk, fa_tm_ds_post(p->scale),
+                       un_s);
             store_keys(p, &B, B.kt[t].dvt, &p->dv, bk, jt, nk[t], hk, 1.0f, un_v);
         }
         _mm_setcsr(csr);
@@ -837,7 +841,8 @@ static void amx_bwd_item(const fa_problem *p, int64_t b, int64_t hk, float *ws, 
         for (int64_t i = 0; i < sq; i++)
             store_grad_row(fa_tm_row(&p->dq, fa_dtype_size(p->dtype), bq, q0 + i,
                                      hk * p->group + r),
-                           p->dtype, B.dq + (size_t)(r * nr + i) * dp, d, p->scale, un_s);
+                           p->dtype, B.dq + (size_t)(r * nr + i) * dp, d,
+                           fa_tm_ds_post(p->scale), un_s);
     _mm_setcsr(csr);
 }
 

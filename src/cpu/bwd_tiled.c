@@ -205,7 +205,7 @@ static void kv_item(const fa_problem *p, int64_t b, int64_t hk, int64_t g0, int 
     const size_t es = fa_dtype_size(dt);
     const int d = (int)p->d, dp = fa_tm_pad16(d);
     const int64_t bq = p->cu_q ? 0 : b, bk = p->cu_k ? 0 : b;
-    const float cap = p->softcap;
+    const float cap = p->softcap, pre = fa_tm_ds_pre(p->scale);
     float z[BK]; /* a row's dropout factors */
     kv_bufs B;
     kv_layout(d, ws, &B);
@@ -280,12 +280,13 @@ static void kv_item(const fa_problem *p, int64_t b, int64_t hk, int64_t g0, int 
                                     drop.scale, z);
                         for (int j = 0; j < n; j++) ds[j] *= z[j];
                     }
-                    {
-                        const fa_vf vdi = fa_vset1(di);
+                    { /* dS = P (dP - D) pre (fa_tm_ds_pre) */
+                        const fa_vf vdi = fa_vset1(di), vpre = fa_vset1(pre);
                         int j = 0;
                         for (; j + FA_VW <= n; j += FA_VW)
-                            fa_vstore(ds + j, fa_vload(sr + j) * (fa_vload(ds + j) - vdi));
-                        for (; j < n; j++) ds[j] = sr[j] * (ds[j] - di);
+                            fa_vstore(ds + j,
+                                      fa_vload(sr + j) * (fa_vload(ds + j) - vdi) * vpre);
+                        for (; j < n; j++) ds[j] = sr[j] * (ds[j] - di) * pre;
                     }
                     if (cap > 0) {
                         FA_TM_SIMD
@@ -332,7 +333,7 @@ static void kv_item(const fa_problem *p, int64_t b, int64_t hk, int64_t g0, int 
         for (int j = 0; j < nk[s]; j++) {
             const int64_t t = k0 + (g0 + s) * BK + j;
             fa_tm_store_row(fa_tm_row(&p->dk, es, bk, t, hk), dt, U->dk + (ptrdiff_t)j * dp, d,
-                            p->scale);
+                            fa_tm_ds_post(p->scale));
             fa_tm_store_row(fa_tm_row(&p->dv, es, bk, t, hk), dt, U->dv + (ptrdiff_t)j * dp, d,
                             1.0f);
         }
@@ -416,6 +417,7 @@ static void q_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int gs
             /* P = exp(mul s - LSE), as the forward's exponentials; the argument clamped at 0
                (fa_vclamp0: this s may exceed the forward's by a rounding, and LSE is rounded) */
             const fa_vf vmul = fa_vset1(transform ? 1.0f : p->scale);
+            const fa_vf vpre = fa_vset1(fa_tm_ds_pre(p->scale)); /* dS's part of the scale */
             const int partial = kind[s] == FA_TM_PARTIAL;
             if (dropout) fa_dt_kmajor(&drop, B.dpt, BQ, nk, nq[s], (g0 + s) * BQ, j0); /* Z o dP */
             for (int j = 0; j < nk; j++) {
@@ -426,7 +428,7 @@ static void q_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int gs
                 for (int i = 0; i < BQ; i += FA_VW) {
                     const fa_vf e = fa_vexp_softmax_ftz(
                         fa_vclamp0(fa_vload(st + i) * vmul - fa_vload(U->lse + i)));
-                    fa_vf v = e * (fa_vload(ds + i) - fa_vload(U->dd + i));
+                    fa_vf v = e * (fa_vload(ds + i) - fa_vload(U->dd + i)) * vpre;
                     if (partial) { /* masked: dS is 0 by selection (dP may be NaN there) */
                         const fa_vi vj = (fa_vi){0} + j;
                         const fa_vi lo = fa_viload(rel.lo + i);
@@ -455,7 +457,7 @@ static void q_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int gs
     for (int s = 0; s < nsub; s++)
         for (int i = 0; i < nq[s]; i++)
             fa_tm_store_row(fa_tm_row(&p->dq, es, bq, q0 + (g0 + s) * BQ + i, h), dt,
-                            B.sub[s].dq + (ptrdiff_t)i * dp, d, p->scale);
+                            B.sub[s].dq + (ptrdiff_t)i * dp, d, fa_tm_ds_post(p->scale));
 }
 
 /* One backward call's layout, shared by its four loops' items. */
@@ -490,7 +492,7 @@ static void one_pass_run(void *arg, int64_t w) {
     for (int64_t g = 0; g < p->group; g++)
         for (int64_t i = 0; i < sq; i++)
             fa_tm_store_row(fa_tm_row(&p->dq, es, bq, q0 + i, hk * p->group + g), p->dtype,
-                            dq + (g * r->rows + i) * dp, (int)p->d, p->scale);
+                            dq + (g * r->rows + i) * dp, (int)p->d, fa_tm_ds_post(p->scale));
 }
 
 /* first key tiles first: under a causal mask they are seen by the most rows */

@@ -642,6 +642,16 @@ FA_TM_INLINE void fa_tm_rel_init(fa_tm_rel *rel, const fa_tm_qrows *r, int64_t j
 }
 
 /*
+ * The backward's scale, split as scale = pre * post with one of them 1 (so both exact): dS is
+ * multiplied by pre before its products dQ = sum dS K and dK = sum dS Q, the sums by post when
+ * stored. pre = min(scale, 1), so that no partial sum exceeds the bound of the result it makes:
+ * with the whole scale applied at the store, a tiny scale (1e-43) let sum dS K overflow fp32
+ * although scale * sum dS K is finite (fuzz finding bwd-dq-nonfinite-1d39219f).
+ */
+FA_TM_INLINE float fa_tm_ds_pre(float scale) { return scale < 1.0f ? scale : 1.0f; }
+FA_TM_INLINE float fa_tm_ds_post(float scale) { return scale < 1.0f ? 1.0f : scale; }
+
+/*
  * Where the scale goes. Every kernel computes raw dot products q.k (the operands never carry
  * the scale: rounding scale * q would perturb each score by a rounding of its own, and the
  * forward and the backward must see the same scores). A tile that needs no transform gets the
