@@ -559,7 +559,8 @@ static void kvcache_special(void **state) {
    within tol of the largest of its kind. A tiny scale with huge K, V and dO: the unscaled
    sums dS K and dS Q reach 1e52, past fp32, while scale times them is finite (dQ near 1e9):
    dS must take the scale before its products (fuzz finding bwd-dq-nonfinite-1d39219f). A huge
-   scale with tiny Q and K: there the sums take it after. */
+   scale with tiny Q and K: there the sums take it after; with a tiny V and huge dO too, dQ
+   near 1e30 (fuzz finding crash-29b28e08, the amx level). */
 static void scale_case(fa_dtype dt, float scale, double mq, double mk, double mv, double mdo,
                        int64_t d, int causal, uint64_t seed) {
     const int64_t n = 70; /* two tiles of keys */
@@ -609,6 +610,8 @@ static void scale_extremes(void **state) {
                     const uint64_t sd = 600 + (uint64_t)(s * 8 + t * 4 + causal) + (uint64_t)d;
                     scale_case(dts[t], 0x1p-140f, 1, 1e15, 1e12, 1e22, d, causal, sd);
                     scale_case(dts[t], 0x1p100f, 1e-20, 1e-20, 1, 1, d, causal, sd);
+                    /* and a tiny V (the amx level's fp32 split scales it by 2^63) */
+                    scale_case(dts[t], 0x1p100f, 1e-25, 1e-5, 1e-30, 1e36, d, causal, sd);
                 }
     }
     unsetenv("FLASHATTN_CPU_BWD_SCHEDULE");

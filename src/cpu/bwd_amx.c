@@ -712,13 +712,15 @@ static void run_products(const fa_problem *p, const bwd_bufs *B, const kt_bufs *
     trans_times_pairs(B, K->dkt, B->qt + t0, B->dsp, rows32, nk32, dp);
 }
 
-/* A gradient row src (overwritten) times mul, then times unscale (undoing gmul and vmul): two
-   steps, since mul * unscale as one factor can be subnormal and lose bits of mul, while a
-   power of two rounds only a subnormal result, as plain fp32 rounds it. */
+/* A gradient row src (overwritten) times mul and unscale (undoing gmul and vmul), in double
+   and rounded once: in fp32 either order can fail, src * mul overflowing where unscale then
+   brings it back (a huge scale with a tiny V: vmul 2^63; fuzz finding crash-29b28e08) and
+   src * unscale going subnormal and losing bits that mul would have kept. */
 static void store_grad_row(void *dst, fa_dtype dt, float *src, int d, float mul, float unscale) {
     if (unscale != 1.0f) {
-        for (int x = 0; x < d; x++) src[x] *= mul;
-        mul = unscale;
+        const double m = (double)mul * (double)unscale; /* exact: unscale is a power of two */
+        for (int x = 0; x < d; x++) src[x] = (float)((double)src[x] * m);
+        mul = 1.0f;
     }
     fa_tm_store_row(dst, dt, src, d, mul);
 }
