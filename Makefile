@@ -13,7 +13,7 @@ PREFIX     ?=
 VENV       ?= .venv
 PYTHON     ?= python3
 
-.PHONY: all deps build venv demo test check-pip test-asan test-tsan build-clang fuzz install clean
+.PHONY: all deps build venv demo test check-pip test-asan test-tsan build-clang fuzz plots install clean
 
 all: build
 
@@ -83,6 +83,12 @@ build-clang: deps
 # The libFuzzer target (fuzz/README.md) for FUZZ_SECONDS seconds; CI runs it for 60.
 fuzz: deps
 	FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_SECONDS=$(FUZZ_SECONDS) JOBS=$(JOBS) scripts/fuzz.sh
+
+# The charts beside the current fwd / fwd-bwd tables (bench/plot.py; matplotlib into the venv).
+plots: $(VENV)/.requirements-stamp
+	$(VENV)/bin/python -m pip install -q -r bench/requirements.txt
+	for t in bench/results/*/fwd.md bench/results/*/fwd-bwd.md; do \
+	  [ -f "$$t" ] && $(VENV)/bin/python bench/plot.py "$$t" || exit 1; done
 
 install: build
 	cmake --install $(BUILD)

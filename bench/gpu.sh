@@ -39,7 +39,9 @@
 #   ROUNDS      rounds of (our sweep, the peers' sweep) in the bench stage (default 2); the
 #               table keeps each implementation's best round per row
 #   SWEEP_ARGS  options for both `flashattn bench --sweep` and bench/peers.py, which share
-#               their names (e.g. "--head-dim 128 --seqlens 2048,8192 --masks none")
+#               their names (e.g. "--head-dim 128 --seqlens 2048,8192 --masks none"; the
+#               GQA sweep of issue 37: "--heads 32 --heads-kv 8 --head-dim 128"; its packed
+#               batch: "--head-dim 128 --masks causal --varlen $(python3 bench/varlen_lengths.py)")
 #   BENCH_ARGS  extra options for `flashattn bench` only (after --sweep, so they override it)
 #   PEERS_ARGS  extra options for bench/peers.py only (e.g. "--impls cudnn")
 #   PAUSE       seconds the GPU idles before each row, on both sides (default 0.25): our

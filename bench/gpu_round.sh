@@ -3,13 +3,22 @@
 # fuzzer on the idle CPU cores meanwhile (bench/fuzz_bg.sh), the GPU and Python test entries,
 # the host CPU's AMX/AVX-512 levels, optional extra commands, bench/gpu.sh's decode stage, and
 # the fuzzer's count. Results under $OUT (gpu.sh's files, round.txt with the key lines).
-#   run(command="COMMIT=<sha> bash bench/gpu_round.sh", carry=[".deps"], timeout_s=600)
+#   run(command="COMMIT=<sha> bash bench/gpu_round.sh", carry=[".deps", "build-fuzzcarry"], timeout_s=600)
+# (the lent image has no clang: without the carried fuzzer, made by `bench/fuzz_bg.sh carry`, the
+# fuzzer stage reports "build failed" and nothing runs)
 # Environment: COMMIT; CTEST_ARGS (default "-L gpu|python"); CPU_TESTS (a ctest -R regex for
 # the host CPU's levels, default the _amx and _avx512 entries); EXTRA (a command run after the
-# tests, e.g. a benchmark writing into $OUT); FUZZ_WORKERS (default 8, 0: none); STAGES_AFTER
-# (default "decode"); BUDGET_S (default 560).
+# tests, e.g. a benchmark writing into $OUT; its limit is what is left less EXTRA_RESERVE_S,
+# default 100, kept for the stages after it); FUZZ_WORKERS (default 8, 0: none); STAGES_AFTER
+# (default "decode"); BUDGET_S (default 560: the call's limit less the machine's start).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+# NCCL for test_cp / bench_cp: no NVLink SHARP (the device rules), torch's library unless given
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if [ -z "${FLASHATTN_NCCL_LIBRARY:-}" ]; then
+  nccl=$(ls /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2 2>/dev/null | head -1)
+  [ -n "$nccl" ] && export FLASHATTN_NCCL_LIBRARY=$nccl
+fi
 export OUT=${OUT:-/tmp/fa-round-out}
 mkdir -p "$OUT"
 R=$OUT/round.txt
@@ -35,7 +44,7 @@ ctest --test-dir build-gpu -R "${CPU_TESTS:-_amx\$|_avx512\$}" --timeout 120 >"$
 say "host CPU levels: $(grep -E "tests passed|tests failed" "$OUT/cpu-levels.txt")"
 grep -E "\*\*\*Failed|Not Run|Skipped" "$OUT/cpu-levels.txt" | head -10 | tee -a "$R"
 if [ -n "${EXTRA:-}" ]; then
-  timeout $(( $(left) - 100 )) bash -c "$EXTRA" >"$OUT/extra.txt" 2>&1
+  timeout $(( $(left) - ${EXTRA_RESERVE_S:-100} )) bash -c "$EXTRA" >"$OUT/extra.txt" 2>&1
   say "extra: rc $?"; tail -25 "$OUT/extra.txt" | tee -a "$R"
 fi
 if [ -n "${STAGES_AFTER-decode}" ] && [ "$(left)" -gt 150 ]; then
@@ -45,5 +54,5 @@ if [ -n "${STAGES_AFTER-decode}" ] && [ "$(left)" -gt 150 ]; then
   tail -30 "$OUT/after-stdout.txt" | tee -a "$R"
 fi
 [ "$workers" -gt 0 ] && bench/fuzz_bg.sh report 2>&1 | tee -a "$R"
-cp -r "${FUZZ_BUILD:-build-fuzz}/artifacts" "$OUT/fuzz-artifacts" 2>/dev/null
+for a in build-fuzz*/artifacts; do cp -r "$a" "$OUT/fuzz-artifacts" 2>/dev/null; done
 say "total $(( $(date +%s) - T0 ))s"

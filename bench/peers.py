@@ -15,17 +15,23 @@ with retain_graph.
     python3 bench/peers.py --impls cudnn --head-dim 128 --seqlens 2048 --op fwd
 
 The sweep options share their names with `flashattn bench` (--head-dim, --seqlens, --masks,
---op, --dtype, --tokens, --model-dim, --warmup, --reps, --min-time, --max-time, --rotate,
---pause), so one set of options narrows both.
+--op, --dtype, --tokens, --model-dim, --heads, --heads-kv, --warmup, --reps, --min-time,
+--max-time, --rotate, --pause), so one set of options narrows both. GQA rows (--heads 32
+--heads-kv 8) run SDPA with enable_gqa where the backend takes it, else with K/V repeated to
+the query heads before timing (the row's kernel says which).
 """
 import argparse
 import datetime
+import itertools
 import json
 import math
 import socket
 import statistics
 import sys
 import time
+
+
+DEVICE = "cuda"  # where the inputs are made (a test may point it at the CPU)
 
 
 def parse_list(text):
@@ -72,10 +78,13 @@ def configs(args):
 
 
 def shape_of(args, d, n):
-    """batch = tokens / seqlen, heads = model_dim / d; None when they do not divide."""
-    if args.tokens % n or args.model_dim % d:
+    """(batch, heads, kv heads): batch = tokens / seqlen, heads = --heads or model_dim / d, kv
+    heads = --heads-kv or heads; None when they do not divide."""
+    h = args.heads or (args.model_dim // d if args.model_dim % d == 0 else 0)
+    hk = args.heads_kv or h
+    if args.tokens % n or not h or h % hk:
         return None
-    return args.tokens // n, args.model_dim // d
+    return args.tokens // n, h, hk
 
 
 class Timer:
@@ -97,22 +106,74 @@ class Timer:
         return per_call, span
 
 
-def make_sets(torch, args, b, h, d, n, dtype, need_bwd):
-    """Input sets of BSHD memory presented as [B, H, S, D] views, enough of them that
-    together they exceed --rotate-bytes (at least two)."""
+def make_sets(torch, args, b, h, hk, d, n, dtype, need_bwd):
+    """Input sets of BSHD memory presented as [B, H, S, D] views (K and V with hk heads),
+    enough of them that together they exceed --rotate-bytes (at least two)."""
     elem = torch.finfo(dtype).bits // 8
-    tensor_bytes = b * n * h * d * elem
-    per_set = tensor_bytes * (8 if need_bwd else 4) + b * h * n * 4
+    per_set = b * n * d * elem * (2 * h + 2 * hk) * (2 if need_bwd else 1) + b * h * n * 4
     nsets = max(2, math.ceil(args.rotate_bytes / per_set)) if args.rotate_bytes else 1
     nsets = min(nsets, 256)
     sets = []
     for _ in range(nsets):
         qkv = []
-        for _ in range(3):
-            t = torch.randn(b, n, h, d, device="cuda", dtype=dtype).transpose(1, 2)
+        for heads in (h, hk, hk):
+            t = torch.randn(b, n, heads, d, device="cuda", dtype=dtype).transpose(1, 2)
             qkv.append(t.detach().requires_grad_(True))
         sets.append(qkv)
     return sets
+
+
+def gqa_mode(torch, F, sets, h, hk, causal):
+    """How the peer takes GQA: natively (enable_gqa) when its backend accepts it, else with K
+    and V repeated to the query heads beforehand (untimed, and their gradients left per
+    repeated head: both in the peer's favour). Returns the mode and the sets to time."""
+    if h == hk:
+        return "", sets
+    q, k, v = sets[0]
+    try:
+        F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), enable_gqa=True)
+        return "gqa", sets
+    except RuntimeError:
+        g = h // hk
+        rep = [[q] + [t.detach().repeat_interleave(g, dim=1).requires_grad_(True) for t in (k, v)]
+               for q, k, v in sets]
+        return "repeat_kv", rep
+
+
+def calls(torch, F, sets, causal, gqa, need_bwd):
+    """The timed calls on input set i % len(sets): the forward, and the backward alone
+    (autograd.grad on a graph built once per set and kept)."""
+    nsets = len(sets)
+
+    def attend(q, k, v):
+        kw = {"enable_gqa": True} if gqa else {}
+        return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), **kw)
+
+    def fwd(i):
+        return attend(*sets[i % nsets])
+
+    graphs = []
+    if need_bwd:
+        for q, k, v in sets:
+            out = attend(q, k, v)
+            graphs.append((out, torch.randn_like(out), (q, k, v)))
+
+    def bwd(i):
+        out, dout, inputs = graphs[i % nsets]
+        return torch.autograd.grad(out, inputs, dout, retain_graph=True)
+
+    return fwd, bwd
+
+
+def measure(args, timer, fn, flops):
+    """Warm-up calls, then enough timed ones (rep_count); the row's timing fields."""
+    warm, _ = timer.run(fn, 0, args.warmup) if args.warmup else ([], 0)
+    reps = rep_count(args, min(warm) if warm else 0)
+    times, span = timer.run(fn, args.warmup, reps)
+    med = statistics.median(times)
+    return dict(status="ok", reps=reps, median_s=med, min_s=min(times), max_s=max(times),
+                span_mean_s=span, flops=flops, gflops=flops / med * 1e-9,
+                tflops=flops / med * 1e-12)
 
 
 def time_impl(torch, F, args, impl, backend, d, causal, n, dtype, timer):
@@ -131,28 +192,18 @@ def time_impl(torch, F, args, impl, backend, d, causal, n, dtype, timer):
                              error="tokens %d / seqlen %d or model dim %d / head dim %d do not "
                                    "divide" % (args.tokens, n, args.model_dim, d)))
         return rows
-    b, h = shape
-    base.update(batch=b, heads_q=h, heads_kv=h)
+    b, h, hk = shape
+    base.update(batch=b, heads_q=h, heads_kv=hk)
     flops = fwd_flops(b, h, d, n, n, causal)
     sets = None
     try:
         with sdpa_kernel([backend]):
-            sets = make_sets(torch, args, b, h, d, n, dtype, "bwd" in ops)
+            sets = make_sets(torch, args, b, h, hk, d, n, dtype, "bwd" in ops)
+            mode, sets = gqa_mode(torch, F, sets, h, hk, causal)
+            if mode:
+                base["kernel"] += "+" + mode
             nsets = len(sets)
-
-            def fwd(i):
-                q, k, v = sets[i % nsets]
-                return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
-
-            graphs = []
-            if "bwd" in ops:
-                for q, k, v in sets:
-                    out = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
-                    graphs.append((out, torch.randn_like(out), (q, k, v)))
-
-            def bwd(i):
-                out, dout, inputs = graphs[i % nsets]
-                return torch.autograd.grad(out, inputs, dout, retain_graph=True)
+            fwd, bwd = calls(torch, F, sets, causal, mode == "gqa", "bwd" in ops)
 
             for op in ops:
                 fn = fwd if op == "fwd" else bwd
@@ -161,14 +212,7 @@ def time_impl(torch, F, args, impl, backend, d, causal, n, dtype, timer):
                     if args.pause > 0:  # the inputs' fill done, then idle: every row alike
                         torch.cuda.synchronize()
                         time.sleep(args.pause)
-                    warm, _ = timer.run(fn, 0, args.warmup) if args.warmup else ([], 0)
-                    reps = rep_count(args, min(warm) if warm else 0)
-                    times, span = timer.run(fn, args.warmup, reps)
-                    med = statistics.median(times)
-                    f = flops * (2.5 if op == "bwd" else 1.0)
-                    row.update(status="ok", reps=reps, median_s=med, min_s=min(times),
-                               max_s=max(times), span_mean_s=span, flops=f,
-                               gflops=f / med * 1e-9, tflops=f / med * 1e-12)
+                    row.update(measure(args, timer, fn, flops * (2.5 if op == "bwd" else 1.0)))
                 except RuntimeError as e:
                     row.update(status="error", error=str(e).strip().splitlines()[0][:400])
                 rows.append(row)
@@ -179,8 +223,74 @@ def time_impl(torch, F, args, impl, backend, d, causal, n, dtype, timer):
             if op not in done:
                 rows.append(dict(base, op=op, status="error", error=msg))
     finally:
-        sets = None
-        graphs = None
+        sets = fwd = bwd = None  # the closures hold the sets' graphs
+    return rows
+
+
+def time_varlen(torch, F, args, impl, backend, d, causal, dtype, timer):
+    """Rows of one implementation on the packed batch of --varlen: SDPA on a nested (jagged)
+    tensor, and, causal only, on the batch padded to its longest sequence (right padding: under
+    the causal mask every real row sees only real keys); each path timed, the faster kept, the
+    row's kernel naming it. FLOPs count the real sequences only, as flashattn bench does."""
+    from torch.nn.attention import sdpa_kernel
+
+    lens = args.varlen
+    total, longest, nseq = sum(lens), max(lens), len(lens)
+    h = args.heads or (args.model_dim // d if args.model_dim % d == 0 else 0)
+    hk = args.heads_kv or h
+    base = {"impl": impl, "dtype": args.dtype, "head_dim": d, "seqlen_q": total,
+            "seqlen_k": total, "causal": bool(causal), "mask": "causal" if causal else "none",
+            "varlen": True, "window_left": -1, "window_right": -1, "batch": nseq,
+            "heads_q": h, "heads_kv": hk}
+    ops = [op for op in ("fwd", "bwd") if op in args.ops]
+    flops = sum(fwd_flops(1, h, d, n, n, causal) for n in lens)
+    offsets = torch.tensor([0] + list(itertools.accumulate(lens)), device=DEVICE)
+
+    def packed(heads):
+        return torch.randn(total, heads, d, device=DEVICE, dtype=dtype)
+
+    def as_nested(t):
+        nt = torch.nested.nested_tensor_from_jagged(t, offsets)  # [B, j, H, d]
+        return nt.transpose(1, 2).detach().requires_grad_(True)
+
+    def as_padded(t):
+        out = t.new_zeros(nseq, longest, t.shape[1], d)
+        for i, n in enumerate(lens):
+            out[i, :n] = t[offsets[i]:offsets[i] + n]
+        return out.transpose(1, 2).detach().requires_grad_(True)
+
+    per_set = total * d * (2 * h + 2 * hk) * (torch.finfo(dtype).bits // 8) * 2
+    nsets = min(64, max(2, math.ceil(args.rotate_bytes / per_set))) if args.rotate_bytes else 1
+    raw = [(packed(h), packed(hk), packed(hk)) for _ in range(nsets)]
+    best = {}
+    with sdpa_kernel([backend]):
+        # padding is the same attention only under the causal mask (no real row reaches a pad)
+        paths = (("nested", as_nested), ("padded", as_padded)) if causal else (("nested", as_nested),)
+        for path, make in paths:
+            try:
+                sets = [tuple(make(t) for t in qkv) for qkv in raw]
+                fwd, bwd = calls(torch, F, sets, causal, h != hk, "bwd" in ops)
+                for op in ops:
+                    fn = fwd if op == "fwd" else bwd
+                    m = measure(args, timer, fn, flops * (2.5 if op == "bwd" else 1.0))
+                    if op not in best or m["median_s"] < best[op]["median_s"]:
+                        best[op] = dict(base, op=op, sets=nsets, kernel="torch.sdpa/%s:%s" % (
+                            impl, path), **m)
+            except (RuntimeError, NotImplementedError) as e:
+                for op in ops:
+                    best.setdefault("err:" + op, "%s: %s" % (
+                        path, str(e).strip().splitlines()[0][:300]))
+            finally:
+                sets = fwd = bwd = None
+    rows = []
+    for op in ops:
+        if op in best:
+            if "err:" + op in best:  # the other path failed: say why, beside the one that ran
+                best[op]["other_path_error"] = best["err:" + op]
+            rows.append(best[op])
+        else:
+            rows.append(dict(base, op=op, status="error", kernel="torch.sdpa/" + impl,
+                             error=best.get("err:" + op, "no path ran")))
     return rows
 
 
@@ -202,9 +312,15 @@ def main(argv=None):
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
     ap.add_argument("--tokens", type=int, default=16384, help="batch = tokens / seqlen")
     ap.add_argument("--model-dim", type=int, default=2048, help="heads = model dim / head dim")
+    ap.add_argument("--heads", type=int, default=0, help="query heads (instead of --model-dim)")
+    ap.add_argument("--heads-kv", type=int, default=0,
+                    help="key/value heads (default: the query heads; fewer is GQA)")
     ap.add_argument("--head-dims", "--head-dim", type=parse_list, default=[64, 128, 256])
     ap.add_argument("--seqlens", type=parse_list, default=parse_list("512..16384"))
     ap.add_argument("--masks", default="none,causal", help="none, causal (comma list)")
+    ap.add_argument("--varlen", type=parse_list, default=None,
+                    help="one packed batch of these sequence lengths instead of --seqlens "
+                         "(bench/varlen_lengths.py)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--reps", type=int, default=20, help="at least this many timed calls")
     ap.add_argument("--min-time", type=float, default=0.2, help="and this many seconds")
@@ -263,9 +379,17 @@ def main(argv=None):
     timer = Timer(torch)
     rows = []
     t0 = time.time()
-    for d, causal, n in configs(args):
+    if args.varlen:
+        todo = [(d, causal, None) for d in args.head_dims for causal in args.masks]
+    else:
+        todo = list(configs(args))
+    for d, causal, n in todo:
         for impl in args.impls:
-            for r in time_impl(torch, F, args, impl, backends[impl], d, causal, n, dtype, timer):
+            if n is None:
+                got = time_varlen(torch, F, args, impl, backends[impl], d, causal, dtype, timer)
+            else:
+                got = time_impl(torch, F, args, impl, backends[impl], d, causal, n, dtype, timer)
+            for r in got:
                 rows.append(r)
                 print(fmt_row(r), flush=True)
     print("peers.py: %d rows in %.1f s" % (len(rows), time.time() - t0))
@@ -279,7 +403,8 @@ def main(argv=None):
                 "warmup": args.warmup, "reps": args.reps, "min_time_s": args.min_time,
                 "max_time_s": args.max_time, "pause_s": args.pause,
                 "rotate_bytes": args.rotate_bytes,
-                "tokens": args.tokens, "model_dim": args.model_dim, "seed": str(seed),
+                "tokens": args.tokens, "model_dim": args.model_dim, "heads": args.heads,
+                "heads_kv": args.heads_kv, "varlen_lens": args.varlen, "seed": str(seed),
                 "flops_rule": "fwd 4*B*H*d per visible (query, key) pair, causal square = "
                               "half; bwd 2.5x fwd",
                 "time_rule": "median over calls of CUDA event pairs around each call, after "

@@ -119,6 +119,23 @@ def main():
     was = f" (the one it replaces: git show {last}:bench/results/{rel})" if last else ""
     print(f"bench/results/{rel} is now the {args.date} table of {args.commit}{was}; "
           f"commit it with bench/results/INDEX.md")
+    chart(dest)
+
+
+def chart(dest):
+    """A table.py table gets its PNG beside it (bench/plot.py), where matplotlib is here."""
+    with open(dest) as f:
+        if "| d | seqlen | causal | fwd ours" not in f.read():
+            return
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import plot
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("record.py: no matplotlib here: draw the chart with `make plots`")
+        return
+    plot.draw(dest, dest[:-3] + ".png")
+    print("record.py: commit the .png with it")
 
 
 if __name__ == "__main__":

@@ -156,7 +156,8 @@ static void build_attn(fz *f, fz_call *c, int bwd) {
     c->sq = sq, c->sk = sk, c->group = hq / hkv, c->d = d;
     if (c->algo != FA_ALGO_AUTO || dt == FA_DTYPE_F64)
         /* varlen sequences are at most sq x sk each (or the call is refused): small sizes */
-        c->reference_macs = b * hq * sq * sk * d * (bwd ? 4 : 2);
+        /* the naive backward recomputes P and makes about four passes more than the forward */
+        c->reference_macs = b * hq * sq * sk * d * (bwd ? 8 : 2);
 }
 
 /* fa_fwd_kvcache: q, the cache (contiguous or paged), optional k_new / v_new, out, lse. */
@@ -209,6 +210,8 @@ static void build_kv(fz *f, fz_call *c) {
     c->num_splits = splits[fz_pick(f, 8)];
     c->algo = fz_one_in(f, 16) ? FA_ALGO_NAIVE : FA_ALGO_AUTO;
     c->sq = sq, c->sk = cap + sn, c->group = hq / hkv, c->d = d;
+    if (c->algo == FA_ALGO_NAIVE) /* the reference's cost, bounded as build_attn's is */
+        c->reference_macs = b * hq * sq * (cap + sn) * d * 2;
 }
 
 /* fa_merge_attn: n parts (BSHD or THD) and their LSEs, out (any of the three dtypes), lse. */

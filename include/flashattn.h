@@ -75,7 +75,10 @@ extern "C" {
 #define FA_API
 #endif
 
-/* 0.2.3: fa_params version 3 (fused rotary embedding and cache_leftpad of fa_fwd_kvcache),
+/* 0.2.5: fa_cp_fwd_workspace_size and fa_cp_bwd_workspace_size, added.
+   0.2.4: context parallelism over NCCL (fa_cp_fwd, fa_cp_bwd, fa_cp_shard_len, fa_cp_args),
+   added.
+   0.2.3: fa_params version 3 (fused rotary embedding and cache_leftpad of fa_fwd_kvcache),
    appended.
    0.2.2: fa_allocator version 2 (own_max_bytes), appended.
    0.2.1: fa_params version 2 (dropout, FP8 descales), appended: callers built with the
@@ -85,10 +88,10 @@ extern "C" {
    libflashattn.so.0.2). */
 #define FA_VERSION_MAJOR 0
 #define FA_VERSION_MINOR 2
-#define FA_VERSION_PATCH 3
+#define FA_VERSION_PATCH 5
 
-/* Largest head dimension any backend accepts (the CUDA backend takes 1..256 too, but its
-   KV-cache path multiples of 8 only). */
+/* Largest head dimension any backend accepts (the CUDA backend takes 1..256 too, in every
+   call). */
 #define FA_MAX_HEAD_DIM 256
 /* Largest fa_params.softmax_scale accepted: 2^126 (scale * log2(e) stays below FLT_MAX). */
 #define FA_MAX_SOFTMAX_SCALE 8.5070592e+37f
@@ -551,7 +554,8 @@ FA_API const fa_selection *fa_last_selection(const fa_context *ctx);
  * f32/f16/bf16.
  * d is 1..256 (d = 0 is FA_ERR_SHAPE, d > 256 FA_ERR_HEAD_DIM). On CUDA a d that is not a
  * multiple of 8 runs on zero-padded copies in the workspace (the selection's kernel name ends
- * in "_pad<d>"); fa_fwd_kvcache on CUDA takes multiples of 8 only (FA_ERR_HEAD_DIM).
+ * in "_pad<d>"); fa_fwd_kvcache too, copying the cache rows it reads into the workspace (a
+ * padded cache of batch x capacity rows) and the appended rows back: correct but slow.
  * out and lse must not overlap the inputs, nor each other, nor alias themselves (see the top of
  * this file; FA_ERR_INVALID_ARGUMENT).
  * Special values (the data is not checked; this is what the CPU kernels and the reference do):
@@ -810,6 +814,16 @@ FA_API fa_status fa_quantize_fp8(fa_context *ctx, const fa_tensor *x, fa_tensor 
  * (FA_ERR_UNSUPPORTED). Several communicators driven by one thread (ncclCommInitAll) need one
  * thread per device: a call waits for nothing, but NCCL groups one thread's calls only inside
  * ncclGroupStart/End, and this call holds its own group per hop.
+ * One process driving several GPUs must also allocate nothing while a ring is in flight: CUDA's
+ * allocation calls (cudaMalloc, cudaFree, cudaHostAlloc, copies from pageable memory) take a
+ * lock of the whole process and may wait for a device's queued work, and a ring hop queued on
+ * one device waits for the peer thread's call, which that lock holds back: a deadlock. Such a
+ * caller gives each rank's context its workspace before the first call (the larger of
+ * fa_cp_fwd_workspace_size and fa_cp_bwd_workspace_size, fa_context_set_workspace), makes its
+ * allocations before a barrier of all rank threads, frees after the ranks synchronised, and
+ * loads CUDA's kernels eagerly (CUDA_MODULE_LOADING=EAGER in the environment before the first
+ * CUDA call: a kernel loaded lazily at its first launch allocates device memory too)
+ * (tests/test_cp.c does all three). One process per GPU (torchrun) has no such shared lock.
  *
  * Arguments (fa_cp_args, from fa_cp_args_default()):
  *   q         [batch, shard_len, heads_q, d]  this rank's shard of Q (CUDA, f16 or bf16)
@@ -889,6 +903,15 @@ FA_API fa_status fa_cp_fwd(fa_context *ctx, void *nccl_comm, const fa_cp_args *a
 /* The ring attention backward: dq, dk, dv of this rank's shards, from the forward's out and
    lse and dout. */
 FA_API fa_status fa_cp_bwd(fa_context *ctx, void *nccl_comm, const fa_cp_args *a);
+
+/* Bytes of workspace fa_cp_fwd / fa_cp_bwd would use for these arguments on this rank,
+   validated as the call validates them (the communicator is asked for its size and rank; no
+   transfer is made). The outputs the query lacks may be NULL: out, dout and dq stand in as
+   q, dk and dv as k (only shapes are read); lse is required, as by the calls. */
+FA_API fa_status fa_cp_fwd_workspace_size(fa_context *ctx, void *nccl_comm, const fa_cp_args *a,
+                                          size_t *bytes);
+FA_API fa_status fa_cp_bwd_workspace_size(fa_context *ctx, void *nccl_comm, const fa_cp_args *a,
+                                          size_t *bytes);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Introspection                                                                              */

@@ -124,7 +124,7 @@ static fa_status validate(fa_call *c, const fa_cp_args *args, fa_cp_problem *cp)
     pr->lse_sh = fa_stride_of(l, 1);
     pr->lse_st = fa_stride_of(l, 2);
     FA_TRY(fa_check_options(c, pr));
-    FA_TRY(fa_check_overlaps(c, a, n));
+    if (!c->query_only) FA_TRY(fa_check_overlaps(c, a, n));
     pr->q = fa_operand_of(q, 0);
     pr->k = fa_operand_of(k, 0);
     pr->v = fa_operand_of(c->v, 0);
@@ -141,7 +141,10 @@ static fa_status validate(fa_call *c, const fa_cp_args *args, fa_cp_problem *cp)
     return FA_OK;
 }
 
-static fa_status run(const char *fn, fa_context *ctx, void *comm, const fa_cp_args *a, int bwd) {
+/* A call, or (query) a workspace query: fa_call_finish stores the need in *query_bytes and
+   runs nothing. */
+static fa_status run(const char *fn, fa_context *ctx, void *comm, const fa_cp_args *a, int bwd,
+                     int query, size_t *query_bytes) {
     if (!ctx) return fa_fail(NULL, FA_ERR_NULL_POINTER, "%s: ctx is NULL", fn);
     /* the struct is checked before the context is marked: its fields name the tensors */
     fa_status st0 = fa_ctx_enter(ctx, fn);
@@ -150,39 +153,58 @@ static fa_status run(const char *fn, fa_context *ctx, void *comm, const fa_cp_ar
     fa_ctx_leave(ctx);
     if (st0 != FA_OK) return st0;
     fa_call c = {ctx, fn, a->q, a->k, a->v, a->out, a->lse, a->dout,
-                 a->dq, a->dk, a->dv, a->p, bwd, 0};
+                 a->dq, a->dk, a->dv, a->p, bwd, query};
+    if (query) { /* outputs the query lacks: stand-ins of their shape */
+        if (!c.out) c.out = a->q;
+        if (bwd && !c.dout) c.dout = a->q;
+        if (bwd && !c.dq) c.dq = a->q;
+        if (bwd && !c.dk) c.dk = a->k;
+        if (bwd && !c.dv) c.dv = a->k;
+    }
     fa_params params;
     FA_TRY(fa_call_begin(&c, &params));
-    fa_status st = FA_OK;
+    fa_status st = query && !query_bytes
+                       ? fa_fail(ctx, FA_ERR_NULL_POINTER, "%s: bytes is NULL", fn)
+                       : FA_OK;
     fa_cp_problem cp;
     memset(&cp, 0, sizeof cp);
     cp.comm = comm;
 #ifdef FLASHATTN_WITH_CUDA
-    if (ctx->backend != FA_BACKEND_CUDA)
+    if (st == FA_OK && ctx->backend != FA_BACKEND_CUDA)
         st = fa_fail(ctx, FA_ERR_UNSUPPORTED,
                      "%s: context parallelism runs on the CUDA backend; this context's is %s",
                      fn, ctx->ops->name);
-    else if (!comm)
+    if (st == FA_OK && !comm)
         st = fa_fail(ctx, FA_ERR_NULL_POINTER, "%s: nccl_comm is NULL", fn);
-    else
-        st = fa_cp_comm_info(ctx, fn, comm, &cp.world, &cp.rank);
+    if (st == FA_OK) st = fa_cp_comm_info(ctx, fn, comm, &cp.world, &cp.rank);
     if (st == FA_OK) st = validate(&c, a, &cp);
     if (st == FA_OK)
-        st = fa_call_finish(&c, &cp.pr, fa_cp_cuda_workspace, fa_cp_cuda_run, NULL);
+        st = fa_call_finish(&c, &cp.pr, fa_cp_cuda_workspace, fa_cp_cuda_run, query_bytes);
 #else
     (void)validate;
-    st = fa_fail(ctx, FA_ERR_NO_BACKEND,
-                 "%s: this build has no CUDA backend, and context parallelism runs over NCCL "
-                 "on CUDA devices",
-                 fn);
+    if (st == FA_OK)
+        st = fa_fail(ctx, FA_ERR_NO_BACKEND,
+                     "%s: this build has no CUDA backend, and context parallelism runs over "
+                     "NCCL on CUDA devices",
+                     fn);
 #endif
     return fa_call_end(&c, st);
 }
 
 fa_status fa_cp_fwd(fa_context *ctx, void *nccl_comm, const fa_cp_args *a) {
-    return run("fa_cp_fwd", ctx, nccl_comm, a, 0);
+    return run("fa_cp_fwd", ctx, nccl_comm, a, 0, 0, NULL);
 }
 
 fa_status fa_cp_bwd(fa_context *ctx, void *nccl_comm, const fa_cp_args *a) {
-    return run("fa_cp_bwd", ctx, nccl_comm, a, 1);
+    return run("fa_cp_bwd", ctx, nccl_comm, a, 1, 0, NULL);
+}
+
+fa_status fa_cp_fwd_workspace_size(fa_context *ctx, void *nccl_comm, const fa_cp_args *a,
+                                   size_t *bytes) {
+    return run("fa_cp_fwd_workspace_size", ctx, nccl_comm, a, 0, 1, bytes);
+}
+
+fa_status fa_cp_bwd_workspace_size(fa_context *ctx, void *nccl_comm, const fa_cp_args *a,
+                                   size_t *bytes) {
+    return run("fa_cp_bwd_workspace_size", ctx, nccl_comm, a, 1, 1, bytes);
 }

@@ -33,6 +33,21 @@ double tk_rng_uniform(tk_rng *r);              /* [0, 1) */
 double tk_rng_normal(tk_rng *r);               /* N(0, 1) */
 int64_t tk_rng_range(tk_rng *r, int64_t lo, int64_t hi); /* [lo, hi] */
 
+/* ---- NCCL, loaded at run time (tk_nccl.c) ------------------------------------------------ */
+
+/* Loads FLASHATTN_NCCL_LIBRARY (or libnccl.so.2) and the three functions below; 0 with the
+   reason in why when it cannot. The communicators are NCCL's ncclComm_t, as void *. */
+int tk_nccl_load(char *why, size_t len);
+extern int (*tk_nccl_init_all)(void **comms, int ndev, const int *devlist);
+extern int (*tk_nccl_destroy)(void *comm);
+extern const char *(*tk_nccl_error)(int r);
+/* Destroys n communicators (NULL entries skipped), each from a thread of its own. */
+void tk_nccl_destroy_all(void **comms, int n);
+/* For a process that drives several GPUs' rings from threads, before its first CUDA call:
+   CUDA_MODULE_LOADING=EAGER (flashattn.h, context parallelism: a kernel loaded lazily at its
+   first launch allocates device memory, which can deadlock against a peer's ring in flight). */
+void tk_nccl_one_process(void);
+
 /* ---- scalar conversions, independent of the library's (used to fill and to cross-check) --- */
 
 /* Round a double to the nearest value of dtype dt (ties to even, overflow to inf). */

@@ -9,19 +9,26 @@
  * Worlds: 1 (one communicator on GPU 0, ncclCommInitAll) always, and n = every visible GPU
  * (up to 8) when there are two or more: one process, ncclCommInitAll over the n devices and
  * one thread per device (each thread's calls are the only ones on its communicator, so no
- * ncclGroupStart/End is needed around them). Cases: causal or not, GQA, sequence lengths not
+ * ncclGroupStart/End is needed around them). Each rank allocates everything, its workspace
+ * included (fa_cp_*_workspace_size, fa_context_set_workspace), before a barrier of all ranks,
+ * and frees after a second one that follows its synchronisation: an allocation while a peer's
+ * ring is in flight can deadlock one process (flashattn.h, context parallelism). Cases: causal or not, GQA, sequence lengths not
  * divisible by 2n, both layouts, f16 and bf16.
  *
  * Skips (77, with the reason) without the CUDA backend, a GPU, or libnccl.so.2 (set
  * FLASHATTN_NCCL_LIBRARY to its path: torch's wheel has one in site-packages/nvidia/nccl/lib).
- * CP_WORLD=n limits the multi-GPU world to n devices.
+ * Kernels are loaded eagerly (tk_nccl_one_process): at fc9db4d, lazily loaded, world 4 stopped
+ * in fa_cp_bwd at the first d 96 case, the first use of that kernel on GPUs 1..3.
+ * CP_WORLD=n limits the multi-GPU world to n devices; CP_STREAM=nonblocking runs each rank on a
+ * non-blocking stream of its own; CP_TIMEOUT=s is the watchdog's limit.
  */
-#include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cuda_runtime_api.h>
 
@@ -30,29 +37,43 @@
 
 #define SKIP 77
 
-/* ---- NCCL, loaded as the library loads it (the test links no NCCL either) ---- */
+/* ---- the watchdog: a rank stuck in NCCL waits forever; the test fails instead, naming the
+   phase it was in (CP_TIMEOUT seconds without a new phase, default 180) ---- */
 
-static int (*nccl_init_all)(void **comms, int ndev, const int *devlist);
-static int (*nccl_destroy)(void *comm);
-static const char *(*nccl_error)(int r);
+static char g_phase[160] = "start";
+static pthread_mutex_t g_phase_mu = PTHREAD_MUTEX_INITIALIZER;
+static long g_phase_no;
 
-static int load_nccl(char *why, size_t len) {
-    const char *path = getenv("FLASHATTN_NCCL_LIBRARY");
-    void *h = dlopen(path && *path ? path : "libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        snprintf(why, len, "%s", dlerror());
-        return 0;
+static void set_phase(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    pthread_mutex_lock(&g_phase_mu);
+    vsnprintf(g_phase, sizeof g_phase, fmt, ap);
+    g_phase_no++;
+    pthread_mutex_unlock(&g_phase_mu);
+    va_end(ap);
+}
+
+static void *watchdog(void *arg) {
+    const int limit = *(const int *)arg;
+    long seen = -1;
+    int still = 0;
+    for (;;) {
+        sleep(1);
+        pthread_mutex_lock(&g_phase_mu);
+        const long now = g_phase_no;
+        char phase[sizeof g_phase];
+        memcpy(phase, g_phase, sizeof phase);
+        pthread_mutex_unlock(&g_phase_mu);
+        still = now == seen ? still + 1 : 0;
+        seen = now;
+        if (still >= limit) {
+            printf("test_cp: FAILED: no progress for %d s in: %s\n", limit, phase);
+            fflush(stdout);
+            _exit(1);
+        }
     }
-    void *f[3] = {dlsym(h, "ncclCommInitAll"), dlsym(h, "ncclCommDestroy"),
-                  dlsym(h, "ncclGetErrorString")};
-    if (!f[0] || !f[1] || !f[2]) {
-        snprintf(why, len, "NCCL lacks ncclCommInitAll/ncclCommDestroy/ncclGetErrorString");
-        return 0;
-    }
-    memcpy(&nccl_init_all, &f[0], sizeof f[0]);
-    memcpy(&nccl_destroy, &f[1], sizeof f[1]);
-    memcpy(&nccl_error, &f[2], sizeof f[2]);
-    return 1;
+    return NULL;
 }
 
 /* ---- cases and layouts ---- */
@@ -111,6 +132,7 @@ typedef struct job {
     const cp_case *c;
     int dev, world, rank;
     void *comm;
+    pthread_barrier_t *bar; /* every rank waits at both, failed or not */
     int64_t n;
     /* host shards, dtype (lse f32) */
     void *q, *k, *v, *dout, *out, *lse, *dq, *dk, *dv;
@@ -141,11 +163,18 @@ static void *run_rank(void *arg) {
         snprintf(j->msg, sizeof j->msg, "context: %s", fa_last_error(NULL));
         return NULL;
     }
+    /* CP_STREAM=nonblocking: the ranks' calls on a non-blocking stream of their own instead of
+       the legacy default stream (which waits for every blocking stream of its device) */
+    cudaStream_t own = NULL;
+    void *ws = NULL;
+    const char *sm = getenv("CP_STREAM");
+    if (sm && !strcmp(sm, "nonblocking") &&
+        cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking) == cudaSuccess)
+        fa_context_set_stream(ctx, own);
     void *dq_ = dev_alloc(qb, j->q, 0), *dk_ = dev_alloc(kb, j->k, 0), *dv_ = dev_alloc(kb, j->v, 0);
     void *ddo = dev_alloc(qb, j->dout, 0), *dout = dev_alloc(qb, NULL, 1);
     void *dlse = dev_alloc(lb, NULL, 1), *gq = dev_alloc(qb, NULL, 1);
     void *gk = dev_alloc(kb, NULL, 1), *gv = dev_alloc(kb, NULL, 1);
-    cudaDeviceSynchronize();
     fa_tensor q = fa_tensor_bshd(dq_, c->dt, FA_DEVICE_CUDA, c->b, j->n, c->hq, c->d);
     fa_tensor k = fa_tensor_bshd(dk_, c->dt, FA_DEVICE_CUDA, c->b, j->n, c->hk, c->d);
     fa_tensor v = fa_tensor_bshd(dv_, c->dt, FA_DEVICE_CUDA, c->b, j->n, c->hk, c->d);
@@ -166,33 +195,56 @@ static void *run_rank(void *arg) {
     a.p = &p;
     a.out = &o;
     a.lse = &lse;
-    j->st = fa_cp_fwd(ctx, j->comm, &a);
+    a.dout = &dO;
+    a.dq = &tq;
+    a.dk = &tk;
+    a.dv = &tv;
+    /* the workspace of both calls, allocated now (see the file's comment) */
+    size_t wf = 0, wb = 0;
+    j->st = fa_cp_fwd_workspace_size(ctx, j->comm, &a, &wf);
+    if (j->st == FA_OK) j->st = fa_cp_bwd_workspace_size(ctx, j->comm, &a, &wb);
     if (j->st == FA_OK) {
-        a.dout = &dO;
-        a.dq = &tq;
-        a.dk = &tk;
-        a.dv = &tv;
+        ws = dev_alloc(wf > wb ? wf : wb, NULL, 1);
+        j->st = ws ? fa_context_set_workspace(ctx, ws, wf > wb ? wf : wb) : FA_ERR_OUT_OF_MEMORY;
+    }
+    if (j->st != FA_OK) snprintf(j->msg, sizeof j->msg, "workspace: %s", fa_last_error(ctx));
+    cudaDeviceSynchronize();
+    set_phase("world %d rank %d: barrier before the calls", j->world, j->rank);
+    pthread_barrier_wait(j->bar);
+    if (j->st == FA_OK) {
+        set_phase("world %d rank %d: fa_cp_fwd", j->world, j->rank);
+        j->st = fa_cp_fwd(ctx, j->comm, &a);
+    }
+    if (j->st == FA_OK) {
+        set_phase("world %d rank %d: fa_cp_bwd", j->world, j->rank);
         j->st = fa_cp_bwd(ctx, j->comm, &a);
+        if (j->st != FA_OK) snprintf(j->msg, sizeof j->msg, "%s", fa_last_error(ctx));
+    } else if (!j->msg[0]) {
+        snprintf(j->msg, sizeof j->msg, "%s", fa_last_error(ctx));
     }
     if (j->st == FA_OK) {
         const fa_selection *s = fa_last_selection(ctx);
         snprintf(j->kernel, sizeof j->kernel, "%s", s ? s->kernel : "?");
-        const cudaError_t e = cudaDeviceSynchronize();
-        if (e != cudaSuccess) {
-            j->st = FA_ERR_CUDA;
-            snprintf(j->msg, sizeof j->msg, "after the calls: %s", cudaGetErrorString(e));
-        }
+    }
+    set_phase("world %d rank %d: synchronizing after the calls", j->world, j->rank);
+    const cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess && j->st == FA_OK) {
+        j->st = FA_ERR_CUDA;
+        snprintf(j->msg, sizeof j->msg, "after the calls: %s", cudaGetErrorString(e));
+    }
+    set_phase("world %d rank %d: barrier after the calls", j->world, j->rank);
+    pthread_barrier_wait(j->bar);
+    if (j->st == FA_OK) {
         cudaMemcpy(j->out, dout, qb, cudaMemcpyDeviceToHost);
         cudaMemcpy(j->lse, dlse, lb, cudaMemcpyDeviceToHost);
         cudaMemcpy(j->dq, gq, qb, cudaMemcpyDeviceToHost);
         cudaMemcpy(j->dk, gk, kb, cudaMemcpyDeviceToHost);
         cudaMemcpy(j->dv, gv, kb, cudaMemcpyDeviceToHost);
-    } else {
-        snprintf(j->msg, sizeof j->msg, "%s", fa_last_error(ctx));
     }
-    void *all[] = {dq_, dk_, dv_, ddo, dout, dlse, gq, gk, gv};
+    void *all[] = {dq_, dk_, dv_, ddo, dout, dlse, gq, gk, gv, ws};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) cudaFree(all[i]);
     fa_context_destroy(ctx);
+    if (own) cudaStreamDestroy(own);
     return NULL;
 }
 
@@ -303,6 +355,8 @@ static int run_case(const cp_case *c, int world, const int *devs, void **comms, 
     const size_t E = fa_dtype_size(c->dt);
     job jobs[8];
     pthread_t th[8];
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, (unsigned)world);
     memset(jobs, 0, sizeof jobs);
     for (int i = 0; ok && i < world; i++) {
         job *j = &jobs[i];
@@ -311,6 +365,7 @@ static int run_case(const cp_case *c, int world, const int *devs, void **comms, 
         j->world = world;
         j->rank = i;
         j->comm = comms[i];
+        j->bar = &bar;
         j->n = fa_cp_shard_len(c->s, world, i, c->layout);
         const size_t qb = (size_t)(c->b * j->n * c->hq * c->d) * E + 16;
         const size_t kb = (size_t)(c->b * j->n * c->hk * c->d) * E + 16;
@@ -326,6 +381,7 @@ static int run_case(const cp_case *c, int world, const int *devs, void **comms, 
     }
     for (int i = 0; ok && i < world; i++) pthread_create(&th[i], NULL, run_rank, &jobs[i]);
     for (int i = 0; ok && i < world; i++) pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&bar);
     for (int i = 0; ok && i < world; i++) {
         job *j = &jobs[i];
         if (j->st != FA_OK) {
@@ -427,9 +483,9 @@ static int run_world(int world, uint64_t seed) {
     int devs[8];
     void *comms[8] = {0};
     for (int i = 0; i < world; i++) devs[i] = i;
-    const int r = nccl_init_all(comms, world, devs);
+    const int r = tk_nccl_init_all(comms, world, devs);
     if (r != 0) {
-        printf("world %d: ncclCommInitAll failed: %s\n", world, nccl_error(r));
+        printf("world %d: ncclCommInitAll failed: %s\n", world, tk_nccl_error(r));
         return 0;
     }
     int fails = 0;
@@ -439,13 +495,16 @@ static int run_world(int world, uint64_t seed) {
         printf("world %d: b%d S%lld h%d/%d d%d %s %s %s\n", world, c->b, (long long)c->s, c->hq,
                c->hk, c->d, fa_dtype_name(c->dt), c->causal ? "causal" : "full",
                c->layout == FA_CP_ZIGZAG ? "zigzag" : "contiguous");
+        set_phase("world %d case %zu", world, i);
         if (!run_case(c, world, devs, comms, seed + i)) fails++;
     }
-    for (int i = 0; i < world; i++) nccl_destroy(comms[i]);
+    set_phase("world %d: destroying the communicators", world);
+    tk_nccl_destroy_all(comms, world);
     return fails == 0;
 }
 
 int main(void) {
+    tk_nccl_one_process();
     if (!fa_has_cuda()) {
         printf("SKIP: this build has no CUDA backend\n");
         return SKIP;
@@ -456,13 +515,20 @@ int main(void) {
         return SKIP;
     }
     char why[512];
-    if (!load_nccl(why, sizeof why)) {
+    if (!tk_nccl_load(why, sizeof why)) {
         printf("SKIP: no NCCL (%s); set FLASHATTN_NCCL_LIBRARY to libnccl.so.2\n", why);
         return SKIP;
     }
     const char *cap = getenv("CP_WORLD");
     int world = ndev > 8 ? 8 : ndev;
     if (cap && atoi(cap) >= 1 && atoi(cap) < world) world = atoi(cap);
+    setvbuf(stdout, NULL, _IOLBF, 0); /* every line out before a watchdog exit */
+    static int limit = 180;
+    const char *lim = getenv("CP_TIMEOUT");
+    if (lim && atoi(lim) > 0) limit = atoi(lim);
+    pthread_t dog;
+    pthread_create(&dog, NULL, watchdog, &limit);
+    pthread_detach(dog);
     const uint64_t seed = tk_seed();
     printf("seed 0x%llx, %d GPU(s) visible\n", (unsigned long long)seed, ndev);
     int ok = run_world(1, seed);

@@ -110,6 +110,20 @@ static const kv_case cases[] = {
      VARS(C(1), P(16, 3), C(0))},
     {SHAPE("gqa16-sq5", 1, 5, 16, 1, 48, F16), .lens = {100}, .snew = 5, .causal = 1,
      VARS(C(1), P(16, 2), C(0))},
+    /* one-token decode (the case the kernel is for) at every group size with odd head dims
+       and odd cache lengths, each dtype: the rows of a kv head are exactly the group */
+    {SHAPE("dec1-gqa1-d17", 1, 1, 2, 2, 17, BF16), .lens = {203}, .snew = 1,
+     VARS(C(1), P(16, 3), C(0))},
+    {SHAPE("dec1-gqa3-d33", 2, 1, 6, 2, 33, F16), .lens = {127, 1}, .snew = 1,
+     VARS(C(1), P(16, 2), C(0))},
+    {SHAPE("dec1-gqa4-d127", 1, 1, 8, 2, 127, F16), .lens = {1021}, .snew = 1,
+     VARS(C(1), P(64, 3), C(0))},
+    {SHAPE("dec1-gqa5-d65", 2, 1, 10, 2, 65, F32), .lens = {333, 7}, .snew = 1,
+     VARS(C(1), P(16, 2), C(0))},
+    {SHAPE("dec1-gqa8-d35", 1, 1, 8, 1, 35, BF16), .lens = {515}, .snew = 1,
+     VARS(C(1), P(16, 4), C(0))},
+    {SHAPE("dec1-gqa16-d95", 1, 1, 16, 1, 95, F16), .lens = {257}, .snew = 1,
+     VARS(C(1), P(16, 2), C(0))},
     {SHAPE("batch8-page-edges", 8, 1, 2, 2, 32, F16), .lens = {0, 1, 2, 15, 16, 17, 63, 64},
      .snew = 1, .room = 15, VARS(P(16, 1), P(16, 2), P(64, 0), C(1))},
     /* fused rotary (FlashAttention-2's rule): q and the new keys rotated at their positions,
@@ -137,6 +151,28 @@ static const kv_case cases[] = {
      VARS(C(1), C(2))},
     {SHAPE("leftpad-long-splits", 1, 1, 4, 1, 64, F16), .lens = {1500}, .snew = 1,
      .leftpad = 1, .lpad = {700}, VARS({0, 0, 4}, C(5), C(1))},
+    /* head dims that are not multiples of 8: on CUDA zero-padded copies of q, k_new, v_new
+       and the cache rows the call reads (a paged cache gathered through block_table), the
+       appended rows and out copied back (src/cuda/pad_kv.h); rows there are 2 bytes apart
+       (kvtest.c gives them no alignment), and the byte comparison of the cache shows that
+       nothing but the appended rows (and only their d columns) was written */
+    {SHAPE("pad-d59-rotary-gqa", 3, 1, 8, 2, 59, F16), .lens = {37, 0, 100}, .snew = 1,
+     .rot_dim = 58, VARS(C(1), P(16, 1), C(3), P(64, 0))},
+    {SHAPE("pad-d111-rotary-pairs-causal", 2, 3, 6, 3, 111, BF16), .lens = {20, 64}, .snew = 3,
+     .causal = 1, .rot_dim = 64, .rot_interleaved = 1, .strided = 1,
+     VARS(C(1), P(16, 2), C(0), P(64, 3))},
+    {SHAPE("pad-d217-gqa4-splits", 2, 2, 8, 2, 217, F16), .lens = {300, 45}, .snew = 2,
+     .room = 7, VARS(C(1), C(4), P(16, 3), P(64, 0))},
+    {SHAPE("pad-d1-page-edges", 4, 1, 2, 1, 1, BF16), .lens = {15, 16, 31, 0}, .snew = 17,
+     VARS(P(16, 1), P(16, 2), C(1), C(0))},
+    {SHAPE("pad-d59-no-append-mqa", 2, 2, 4, 1, 59, BF16), .lens = {1, 77}, .room = 3,
+     VARS(C(1), P(16, 1), P(16, 3))},
+    {SHAPE("pad-d217-leftpad-rotary-window", 3, 3, 4, 2, 217, F16), .lens = {30, 8, 70},
+     .snew = 3, .leftpad = 1, .lpad = {7, 0, 69}, WIN(16, -1), .rot_dim = 100,
+     .rot_f32 = 1, VARS(C(1), C(2), C(0))},
+    {SHAPE("pad-d111-softcap-alibi-strided", 2, 2, 4, 2, 111, F16), .lens = {90, 200},
+     .snew = 2, .causal = 1, .softcap = 1.5f, .alibi = TK_ALIBI_HEAD, .strided = 1,
+     VARS(P(16, 1), C(2), P(256, 0))},
 };
 
 static fa_backend g_backend = FA_BACKEND_CPU;

@@ -13,6 +13,7 @@
 #include "common.h"
 
 #define BENCH_MAX_LIST 32
+#define BENCH_MAX_VARLEN 512
 
 typedef struct bench_cfg {
     fa_backend backend;          /* FA_BACKEND_CPU or FA_BACKEND_CUDA */
@@ -49,6 +50,10 @@ typedef struct bench_cfg {
     const char *json_path;       /* rewritten after every row: a sweep cut short by a
                                     timeout still leaves the rows it finished */
     double load_start;           /* load average when the run began (for the JSON) */
+    /* --varlen: one packed batch (THD tensors, cu_seqlens) of these sequence lengths instead
+       of the seqlens sweep; queries and keys alike */
+    int64_t varlen[BENCH_MAX_VARLEN];
+    int nvarlen;
     /* --decode: fa_fwd_kvcache with one query token against a full cache of each length */
     int decode;
     struct {
@@ -70,6 +75,7 @@ typedef struct bench_row {
     fa_dtype dtype;
     int64_t batch, heads, heads_kv, head_dim, seqlen_q, seqlen_k;
     int causal;
+    int varlen;                  /* a packed batch: batch sequences, seqlen_q/k the total */
     int64_t window_left, window_right;
     int threads_asked;           /* 0: library default */
     int threads;                 /* what the library used (fa_selection) */

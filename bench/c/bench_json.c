@@ -80,6 +80,11 @@ static cJSON *config_json(const bench_cfg *cfg) {
                             cfg->rotate_bytes == (size_t)-1 ? -1 : (double)cfg->rotate_bytes);
     cJSON_AddNumberToObject(c, "tokens", (double)cfg->tokens);
     cJSON_AddNumberToObject(c, "model_dim", (double)cfg->model_dim);
+    if (cfg->nvarlen) {
+        cJSON *lens = cJSON_AddArrayToObject(c, "varlen_lens");
+        for (int i = 0; lens && i < cfg->nvarlen; i++)
+            cJSON_AddItemToArray(lens, cJSON_CreateNumber((double)cfg->varlen[i]));
+    }
     char seed[32]; /* a string: JSON numbers are doubles and a seed may need 64 bits */
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)cfg->seed);
     cJSON_AddStringToObject(c, "seed", seed);
@@ -113,6 +118,7 @@ static cJSON *row_json(const bench_row *r) {
     cJSON_AddNumberToObject(o, "seqlen_q", (double)r->seqlen_q);
     cJSON_AddNumberToObject(o, "seqlen_k", (double)r->seqlen_k);
     cJSON_AddBoolToObject(o, "causal", r->causal);
+    cJSON_AddBoolToObject(o, "varlen", r->varlen);
     cJSON_AddStringToObject(o, "mask", mask_name(r));
     cJSON_AddNumberToObject(o, "window_left", (double)r->window_left);
     cJSON_AddNumberToObject(o, "window_right", (double)r->window_right);

@@ -17,6 +17,7 @@ enum { R_Q, R_K, R_V, R_O, R_LSE, R_DOUT, R_DQ, R_DK, R_DV, R_N };
 
 typedef struct shape {
     int64_t B, H, Hkv, d, sq, sk;
+    int varlen; /* THD tensors of sq (= sk) tokens in B packed sequences */
 } shape;
 
 /* One pool per tensor role; set s of a configuration starts s * padded(n) elements in. */
@@ -49,12 +50,14 @@ static int shape_of(const bench_cfg *cfg, int64_t d, int64_t sk, shape *s, char 
     s->d = d;
     s->sk = sk;
     s->sq = cfg->seqlen_q ? cfg->seqlen_q : sk;
+    s->varlen = cfg->nvarlen > 0;
+    if (s->varlen) s->B = cfg->nvarlen; /* sk is the lengths' total (cmd_bench.c) */
     if (cfg->model_dim > 0) {
         s->H = s->Hkv = cfg->model_dim % d ? 0 : cfg->model_dim / d;
         if (!s->H) bad = snprintf(err, len, "--model-dim %lld is not a multiple of head dim %lld",
                                   (long long)cfg->model_dim, (long long)d);
     }
-    if (cfg->tokens > 0) {
+    if (cfg->tokens > 0 && !s->varlen) {
         s->B = cfg->tokens % sk ? 0 : cfg->tokens / sk;
         if (!s->B) bad = snprintf(err, len, "--tokens %lld is not a multiple of seqlen %lld",
                                   (long long)cfg->tokens, (long long)sk);
@@ -63,10 +66,11 @@ static int shape_of(const bench_cfg *cfg, int64_t d, int64_t sk, shape *s, char 
 }
 
 static void elems(const shape *s, size_t n[R_N]) {
-    size_t nq = (size_t)(s->B * s->sq * s->H * s->d), nk = (size_t)(s->B * s->sk * s->Hkv * s->d);
+    const int64_t rows_b = s->varlen ? 1 : s->B; /* packed: the tokens are all the rows */
+    size_t nq = (size_t)(rows_b * s->sq * s->H * s->d), nk = (size_t)(rows_b * s->sk * s->Hkv * s->d);
     n[R_Q] = n[R_O] = n[R_DOUT] = n[R_DQ] = nq;
     n[R_K] = n[R_V] = n[R_DK] = n[R_DV] = nk;
-    n[R_LSE] = (size_t)(s->B * s->H * s->sq);
+    n[R_LSE] = (size_t)(rows_b * s->H * s->sq);
 }
 
 static int sets_for(const bench_cfg *cfg, const shape *s, fa_dtype dt) {
@@ -133,6 +137,15 @@ static void view_set(views *v, const pool *pl, const shape *s, int set, fa_devic
                    ? (char *)pl->buf[r].ptr + (size_t)set * padded(n[r]) * role_size(r, pl->dt)
                    : NULL;
     fa_dtype dt = pl->dt;
+    if (s->varlen) {
+        static const int q_rows[] = {R_Q, R_O, R_DOUT, R_DQ}, k_rows[] = {R_K, R_V, R_DK, R_DV};
+        for (int i = 0; i < 4; i++) {
+            v->t[q_rows[i]] = fa_tensor_3d(p[q_rows[i]], dt, dev, s->sq, s->H, s->d);
+            v->t[k_rows[i]] = fa_tensor_3d(p[k_rows[i]], dt, dev, s->sk, s->Hkv, s->d);
+        }
+        v->t[R_LSE] = fa_tensor_2d(p[R_LSE], FA_DTYPE_F32, dev, s->H, s->sq);
+        return;
+    }
     v->t[R_Q] = fa_tensor_bshd(p[R_Q], dt, dev, s->B, s->sq, s->H, s->d);
     v->t[R_K] = fa_tensor_bshd(p[R_K], dt, dev, s->B, s->sk, s->Hkv, s->d);
     v->t[R_V] = fa_tensor_bshd(p[R_V], dt, dev, s->B, s->sk, s->Hkv, s->d);
@@ -142,6 +155,36 @@ static void view_set(views *v, const pool *pl, const shape *s, int set, fa_devic
     v->t[R_DQ] = fa_tensor_bshd(p[R_DQ], dt, dev, s->B, s->sq, s->H, s->d);
     v->t[R_DK] = fa_tensor_bshd(p[R_DK], dt, dev, s->B, s->sk, s->Hkv, s->d);
     v->t[R_DV] = fa_tensor_bshd(p[R_DV], dt, dev, s->B, s->sk, s->Hkv, s->d);
+}
+
+/* Forward FLOPs of one configuration: per sequence for a packed batch. */
+static double config_flops(const bench_cfg *cfg, const shape *s, int causal) {
+    if (!s->varlen)
+        return bench_fwd_flops(s->B, s->H, s->d, s->sq, s->sk, causal, cfg->window_left,
+                               cfg->window_right);
+    double f = 0;
+    for (int i = 0; i < cfg->nvarlen; i++)
+        f += bench_fwd_flops(1, s->H, s->d, cfg->varlen[i], cfg->varlen[i], causal,
+                             cfg->window_left, cfg->window_right);
+    return f;
+}
+
+/* The packed batch's prefix sums where the tensors live, and its params; 0 or -1. */
+static int varlen_setup(const bench_cfg *cfg, fa_device dev, bench_buf *cu, fa_params *p) {
+    int32_t host[BENCH_MAX_VARLEN + 1];
+    int64_t longest = 0;
+    host[0] = 0;
+    for (int i = 0; i < cfg->nvarlen; i++) {
+        host[i + 1] = host[i] + (int32_t)cfg->varlen[i];
+        if (cfg->varlen[i] > longest) longest = cfg->varlen[i];
+    }
+    const size_t bytes = sizeof(int32_t) * (size_t)(cfg->nvarlen + 1);
+    if (bench_buf_alloc(cu, dev, bytes) != 0 || bench_buf_upload(cu, 0, host, bytes) != 0)
+        return -1;
+    p->cu_seqlens_q = p->cu_seqlens_k = cu->ptr;
+    p->batch = cfg->nvarlen;
+    p->max_seqlen_q = p->max_seqlen_k = longest;
+    return 0;
 }
 
 static fa_status call(fa_context *ctx, int bwd, views *v, const fa_params *p) {
@@ -176,6 +219,7 @@ static void print_row(const bench_row *r, int gpu) {
                  (long long)(r->causal ? 0 : r->window_right));
     else
         snprintf(mask, sizeof mask, "%s", r->causal ? "causal" : "none");
+    if (r->varlen) snprintf(mask + strlen(mask), sizeof mask - strlen(mask), "+vl");
     printf("%-3s %-4s %3lld %7s %4lld %7lld %7lld %-9s ", r->op, fa_dtype_name(r->dtype),
            (long long)r->batch, hh, (long long)r->head_dim, (long long)r->seqlen_q,
            (long long)r->seqlen_k, mask);
@@ -358,6 +402,14 @@ int bench_run(bench_cfg *cfg, bench_row **rows_out, int *nrows_out, bench_peaks 
     fa_params p = fa_params_default();
     p.window_left = cfg->window_left;
     p.window_right = cfg->window_right;
+    bench_buf cu = {0};
+    if (cfg->nvarlen && varlen_setup(cfg, dev, &cu, &p) != 0) {
+        snprintf(fatal, fatal_len, "cannot place the varlen prefix sums");
+        free(rows);
+        bench_timer_destroy(tm);
+        fa_context_destroy(ctx);
+        return -1;
+    }
     for (int di = 0; di < cfg->ndtypes; di++) {
         fa_dtype dt = cfg->dtypes[di];
         pool pl;
@@ -385,10 +437,7 @@ int bench_run(bench_cfg *cfg, bench_row **rows_out, int *nrows_out, bench_peaks 
                         int bad_shape =
                             shape_of(cfg, d, cfg->seqlens[si], &s, err, sizeof err) != 0;
                         int nsets = bad_shape ? 0 : sets_for(cfg, &s, dt);
-                        double fwd_flops =
-                            bad_shape ? 0
-                                      : bench_fwd_flops(s.B, s.H, d, s.sq, s.sk, p.causal,
-                                                        cfg->window_left, cfg->window_right);
+                        double fwd_flops = bad_shape ? 0 : config_flops(cfg, &s, p.causal);
                         for (int bwd = 0; bwd < 2; bwd++) {
                             if (bwd ? !cfg->bwd : !cfg->fwd) continue;
                             bench_row *r = &rows[n++];
@@ -401,6 +450,7 @@ int bench_run(bench_cfg *cfg, bench_row **rows_out, int *nrows_out, bench_peaks 
                             r->seqlen_k = cfg->seqlens[si];
                             r->seqlen_q = cfg->seqlen_q ? cfg->seqlen_q : r->seqlen_k;
                             r->causal = p.causal;
+                            r->varlen = cfg->nvarlen > 0;
                             r->window_left = cfg->window_left;
                             r->window_right = cfg->window_right;
                             r->threads_asked = (int)cfg->threads[ti];
@@ -423,6 +473,7 @@ int bench_run(bench_cfg *cfg, bench_row **rows_out, int *nrows_out, bench_peaks 
                     }
         pool_free(&pl);
     }
+    bench_buf_free(&cu);
     bench_timer_destroy(tm);
     fa_context_destroy(ctx);
     *rows_out = rows;

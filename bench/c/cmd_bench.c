@@ -42,10 +42,14 @@ static void usage(FILE *f) {
             "  --heads H          query heads (default 8)\n"
             "  --heads-kv H       key/value heads (default: --heads; fewer is GQA/MQA)\n"
             "  --tokens T         batch = T / seqlen for each seqlen (overrides --batch)\n"
-            "  --model-dim M      heads = M / head dim for each head dim (overrides --heads)\n"
+            "  --model-dim M      heads = M / head dim for each head dim (overrides --heads;\n"
+            "                     --heads alone overrides --sweep's model dim)\n"
             "  --head-dim LIST    head dimensions (default 64)\n"
             "  --seqlens LIST     key lengths, comma list or A..B doubling (default 512..4096)\n"
             "  --seqlen-q N       fix the query length (default: equal to the key length)\n"
+            "  --varlen LIST      one packed batch (THD tensors, cu_seqlens) of these sequence\n"
+            "                     lengths instead of --seqlens (bench/varlen_lengths.py draws a\n"
+            "                     long-tailed list); FLOPs summed per sequence\n"
             "  --dtype LIST       f32, f16, bf16 (default f32)\n"
             "  --causal           causal mask (same as --masks causal)\n"
             "  --masks LIST       none, causal or both: none,causal (default none)\n"
@@ -242,10 +246,11 @@ int cmd_bench(int argc, char **argv) {
     enum { O_BACKEND = 256, O_B, O_H, O_HKV, O_D, O_SEQ, O_SEQQ, O_DT, O_CAUSAL, O_WIN, O_THR,
            O_OP, O_WARM, O_REPS, O_NOPEAK, O_SEED, O_JSON, O_SWEEP, O_TOK, O_MDIM, O_MASKS,
            O_MINT, O_MAXT, O_PAUSE, O_ROT, O_DECODE, O_BATCHES, O_LENS, O_CONTIG, O_PAGED, O_PSIZE,
-           O_CHECKS, O_SPLITS, O_COPY, O_CPU, O_TINY, O_END };
+           O_CHECKS, O_SPLITS, O_COPY, O_CPU, O_TINY, O_VARLEN, O_END };
     /* options of one sweep only: refused in the other, rather than silently ignored */
     static const int prefill_only[] = {O_B, O_SEQ, O_SEQQ, O_CAUSAL, O_WIN, O_OP, O_SWEEP,
-                                       O_TOK, O_MDIM, O_MASKS, O_NOPEAK, O_CPU, O_PAUSE, O_TINY};
+                                       O_TOK, O_MDIM, O_MASKS, O_NOPEAK, O_CPU, O_PAUSE, O_TINY,
+                                       O_VARLEN};
     static const int decode_only[] = {O_BATCHES, O_LENS, O_CONTIG, O_PAGED, O_PSIZE, O_CHECKS,
                                       O_SPLITS, O_COPY};
     char seen[O_END] = {0};
@@ -269,7 +274,7 @@ int cmd_bench(int argc, char **argv) {
         {"paged", no_argument, 0, O_PAGED},           {"page-size", required_argument, 0, O_PSIZE},
         {"checks", required_argument, 0, O_CHECKS},   {"splits", required_argument, 0, O_SPLITS},
         {"copy-bytes", required_argument, 0, O_COPY},   {"cpu", no_argument, 0, O_CPU},
-        {"tiny", no_argument, 0, O_TINY},
+        {"tiny", no_argument, 0, O_TINY},             {"varlen", required_argument, 0, O_VARLEN},
         {0, 0, 0, 0}};
     /* --decode changes the defaults, so it is applied first, wherever it stands */
     for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
@@ -293,6 +298,16 @@ int cmd_bench(int argc, char **argv) {
         case O_HKV: bad = tool_parse_i64(optarg, &cfg.heads_kv) || cfg.heads_kv < 1; break;
         case O_D: bad = parse_list_opt(optarg, cfg.head_dims, &cfg.n_head_dims); break;
         case O_SEQ: bad = parse_list_opt(optarg, cfg.seqlens, &cfg.nseq); break;
+        case O_VARLEN: {
+            int64_t total = 0;
+            cfg.nvarlen = tool_parse_list(optarg, cfg.varlen, BENCH_MAX_VARLEN);
+            bad = cfg.nvarlen <= 0;
+            for (int i = 0; !bad && i < cfg.nvarlen; i++) {
+                total += cfg.varlen[i];
+                bad = cfg.varlen[i] < 1 || total > INT32_MAX; /* cu_seqlens are int32 */
+            }
+            break;
+        }
         case O_SEQQ: bad = tool_parse_i64(optarg, &cfg.seqlen_q) || cfg.seqlen_q < 1; break;
         case O_DT: {
             char buf[64];
@@ -403,6 +418,18 @@ int cmd_bench(int argc, char **argv) {
                     cfg.decode ? "does not apply to --decode" : "needs --decode");
             return 2;
         }
+    if (cfg.nvarlen) {
+        if (seen[O_SEQ] || seen[O_SEQQ] || seen[O_B] || seen[O_TOK]) {
+            fprintf(stderr, "flashattn bench: --varlen gives the lengths; it takes no --seqlens, "
+                            "--seqlen-q, --batch or --tokens\n");
+            return 2;
+        }
+        int64_t total = 0;
+        for (int i = 0; i < cfg.nvarlen; i++) total += cfg.varlen[i];
+        cfg.seqlens[0] = total; /* one configuration: the packed batch */
+        cfg.nseq = 1;
+        cfg.seqlen_q = 0;
+    }
     if (cfg.decode) {
         if (seen[O_CONTIG] || seen[O_PAGED]) {
             cfg.dec.contiguous = seen[O_CONTIG];
@@ -419,6 +446,9 @@ int cmd_bench(int argc, char **argv) {
     if (cfg.reps < 0) cfg.reps = gpu ? 20 : 5;
     if (cfg.min_time < 0) cfg.min_time = gpu ? 0.2 : 0;
     if (cfg.max_time < 0) cfg.max_time = gpu ? 2.0 : 0;
+    /* --heads given without --model-dim wins over a preset's model dim (--sweep --heads 32
+       --heads-kv 8 is the GQA sweep) */
+    if (seen[O_H] && !seen[O_MDIM]) cfg.model_dim = 0;
     if (!cfg.heads_kv) cfg.heads_kv = cfg.heads;
     if (cfg.heads % cfg.heads_kv) {
         fprintf(stderr, "flashattn bench: --heads %lld is not a multiple of --heads-kv %lld\n",

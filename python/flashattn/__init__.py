@@ -30,7 +30,7 @@ if _native.ext is not None:
     _native.ext.bind(FlashAttnError, FlashAttnArgumentError, _np)
 _torch_hook.install(_tensors._import_torch)
 
-__version__ = "0.2.3"
+__version__ = "0.2.5"
 
 __all__ = [
     "flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",

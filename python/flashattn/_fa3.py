@@ -96,9 +96,9 @@ def _used(span, used, name):
     return used
 
 
-def varlen_seqused(call, q, k, v, cu_q, cu_k, seqused_q, seqused_k, return_lse):
-    """Varlen attention over the first seqused rows of each sequence. call(q, k, v, cu_q, cu_k,
-    max_q, max_k) runs the packed varlen attention and returns (out, lse or None)."""
+def _used_rows(q, k, cu_q, cu_k, seqused_q, seqused_k):
+    """The used rows of the packed q and k: (uq, uk) the used counts per sequence, (iq, ik)
+    their row indices."""
     hq, hk = _host(cu_q, "cu_seqlens_q"), _host(cu_k, "cu_seqlens_k")
     if len(hq) != len(hk) or len(hq) < 1:
         raise ValueError(f"cu_seqlens_q has {len(hq)} values and cu_seqlens_k {len(hk)}: "
@@ -107,7 +107,27 @@ def varlen_seqused(call, q, k, v, cu_q, cu_k, seqused_q, seqused_k, return_lse):
     uk = _used(_lens(hk, "cu_seqlens_k"), _host(seqused_k, "seqused_k"), "seqused_k")
     rows_q = [hq[b] + j for b in range(len(uq)) for j in range(uq[b])]
     rows_k = [hk[b] + j for b in range(len(uk)) for j in range(uk[b])]
-    iq, ik = _index(q, rows_q), _index(k, rows_k)
+    return uq, uk, _index(q, rows_q), _index(k, rows_k)
+
+
+def seqused_backward(bwd, dout, q, k, v, out, lse, cu_q, cu_k, seqused_q, seqused_k):
+    """The gradients of varlen_seqused (torch tensors): the used rows of dout, q, k, v, out
+    and lse gathered, bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k) -> (dq, dk, dv)
+    on them (the packed varlen backward), scattered into zeros (unused rows have no
+    gradient: they were not read)."""
+    uq, uk, iq, ik = _used_rows(q, k, cu_q, cu_k, seqused_q, seqused_k)
+    dq_c, dk_c, dv_c = bwd(_take(dout, iq), _take(q, iq), _take(k, ik), _take(v, ik),
+                           _take(out, iq), _take(lse, iq, 1), _cu_like(cu_q, uq),
+                           _cu_like(cu_k, uk), max(uq, default=0), max(uk, default=0))
+    return (q.new_zeros(q.shape).index_copy(0, iq, dq_c),
+            k.new_zeros(k.shape).index_copy(0, ik, dk_c),
+            v.new_zeros(v.shape).index_copy(0, ik, dv_c))
+
+
+def varlen_seqused(call, q, k, v, cu_q, cu_k, seqused_q, seqused_k, return_lse):
+    """Varlen attention over the first seqused rows of each sequence. call(q, k, v, cu_q, cu_k,
+    max_q, max_k) runs the packed varlen attention and returns (out, lse or None)."""
+    uq, uk, iq, ik = _used_rows(q, k, cu_q, cu_k, seqused_q, seqused_k)
     out_c, lse_c = call(_take(q, iq), _take(k, ik), _take(v, ik), _cu_like(cu_q, uq),
                         _cu_like(cu_k, uk), max(uq, default=0), max(uk, default=0))
     total = q.shape[0]

@@ -164,3 +164,7 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_tab
                            *_descales(opts), rotary_cos, rotary_sin, bool(rotary_interleaved),
                            cache_leftpad)
     return (out, lse) if return_lse else out
+
+
+# flash_attn_varlen_func's seqused_q / seqused_k / block_table ops, registered with these
+from . import _torch_fa3_ops  # noqa: E402,F401

@@ -208,10 +208,17 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
     if _tracing() and (block_table is not None or seqused_q is not None
                        or seqused_k is not None):
         # these paths read the index arrays on the host to size the packed tensors, which a
-        # traced graph cannot do: an error instead of a graph break
-        raise NotImplementedError("flash_attn_varlen_func(block_table= / seqused_q= / "
-                                  "seqused_k=) under torch.compile / torch.export is not "
-                                  "supported; call it eagerly")
+        # traced graph cannot do: one op (_torch_fa3_ops) runs them whole, its output shapes
+        # known from q
+        if dropout_p:
+            raise NotImplementedError("dropout_p > 0 with block_table / seqused_q / seqused_k "
+                                      "is not supported")
+        from . import _torch_fa3_ops
+        return _torch_fa3_ops.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                     max_seqlen_k, seqused_q, seqused_k, block_table,
+                                     softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                     deterministic, return_attn_probs,
+                                     (q_descale, k_descale, v_descale))
     if block_table is not None:
         return _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q,
                              seqused_k, block_table, dropout_p, softmax_scale, causal,

@@ -179,3 +179,104 @@ def test_compiled_kvcache_rotary_and_leftpad(device, interleaved, gen):
     plain = flash_attn_with_kvcache(q, kc3, vc3, kn, vn, cache_seqlens=seqlens,
                                     cache_leftpad=pad, causal=True)
     assert (plain - out).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_varlen_seqused_and_paged(device, gen):
+    """flash_attn_varlen_func(seqused_q=, seqused_k=) and (block_table=, seqused_k=) trace into
+    one op each call (flashattn_c::varlen_fa3: no graph break) and give the eager results, the
+    seqused gradients too (flashattn_c::varlen_fa3_bwd); the eager calls are checked against the
+    float64 reference in test_fa3. The used counts must matter (rows past seqused_q are 0, and
+    a call without seqused_k differs), so an op that dropped them would fail."""
+    torch._dynamo.reset()
+    h, hk, d = 4, 2, 16
+    tol = 0 if device == "cpu" else 2e-2  # CUDA dq sums by atomics: not bitwise repeatable
+    i32 = dict(dtype=torch.int32, device=device)
+    cu_q, cu_k = torch.tensor([0, 9, 9, 30], **i32), torch.tensor([0, 12, 20, 45], **i32)
+    used_q, used_k = torch.tensor([7, 0, 21], **i32), torch.tensor([12, 3, 10], **i32)
+    leaves = [_randn((30, h, d), device, gen, True)] + [
+        _randn((45, hk, d), device, gen, True) for _ in range(2)]
+
+    def seqused(q, k, v, cu_q, cu_k, uq, uk):
+        return flash_attn_varlen_func(q, k, v, cu_q, cu_k, 21, 25, causal=True, seqused_q=uq,
+                                      seqused_k=uk, return_attn_probs=True)[:2]
+
+    compiled = torch.compile(seqused, fullgraph=True, backend="aot_eager")
+    out, lse = compiled(*leaves, cu_q, cu_k, used_q, used_k)
+    dout = _randn(out.shape, device, gen)
+    got = torch.autograd.grad(out, leaves, dout)
+    ref, ref_lse = seqused(*leaves, cu_q, cu_k, used_q, used_k)
+    want = torch.autograd.grad(ref, leaves, dout)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    torch.testing.assert_close(lse, ref_lse, rtol=0, atol=0)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=tol, atol=tol)
+    assert (out[7:9] == 0).all() and torch.isneginf(lse[:, 7:9]).all()
+    assert got[1][15:20].abs().max() == 0  # keys past seqused_k have no gradient
+    full = flash_attn_varlen_func(*leaves, cu_q, cu_k, 21, 25, causal=True)
+    assert (full[:7] - out[:7]).abs().max() > 1e-3
+
+    page, b = 16, 3
+    pool_k, pool_v = (_randn((8, page, hk, d), device, gen) for _ in range(2))
+    table = torch.tensor([[5, 2], [0, 7], [3, 1]], **i32)
+    lens_k = torch.tensor([20, 3, 32], **i32)
+
+    def paged(q, kc, vc, cu_q, table, uk):
+        return flash_attn_varlen_func(q, kc, vc, cu_q, None, 21, causal=True,
+                                      block_table=table, seqused_k=uk, return_attn_probs=True)
+
+    q = leaves[0].detach()
+    with torch.no_grad():
+        out, lse, _ = torch.compile(paged, fullgraph=True, backend="aot_eager")(
+            q, pool_k, pool_v, cu_q, table, lens_k)
+        ref, ref_lse, _ = paged(q, pool_k, pool_v, cu_q, table, lens_k)
+        fewer, _, _ = paged(q, pool_k, pool_v, cu_q, table, lens_k - 2)
+    assert b == table.shape[0]
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    torch.testing.assert_close(lse, ref_lse, rtol=0, atol=0)
+    assert (fewer - out).abs().max() > 1e-3
+    with pytest.raises(RuntimeError, match="no backward"):
+        torch.compile(paged, fullgraph=True, backend="aot_eager")(
+            leaves[0], pool_k, pool_v, cu_q, table, lens_k)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_varlen_fa3(device, gen):
+    """torch.library.opcheck of the seqused op and its backward registration."""
+    ops = torch.ops.flashattn_c
+    i32 = dict(dtype=torch.int32, device=device)
+    cu_q, cu_k = torch.tensor([0, 5, 12], **i32), torch.tensor([0, 8, 20], **i32)
+    q = _randn((12, 4, 16), device, gen, True)
+    k, v = (_randn((20, 2, 16), device, gen, True) for _ in range(2))
+    args = (q, k, v, cu_q, cu_k, 0, 0, torch.tensor([4, 7], **i32), torch.tensor([8, 6], **i32),
+            None, 0.25, True, -1, 0, 0.0, None, False)
+    torch.library.opcheck(ops.varlen_fa3.default, args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_kvcache_paged(device, gen):
+    """flash_attn_with_kvcache(block_table=) traces into flashattn_c::fwd_kvcache (no graph
+    break): out, lse and the pool after the append equal the eager call's bit for bit, and the
+    append lands on the pages the table names."""
+    torch._dynamo.reset()
+    h, hk, d, page = 4, 2, 16, 16
+    pool_k, pool_v = (_randn((6, page, hk, d), device, gen) for _ in range(2))
+    table = torch.tensor([[4, 1], [0, 5]], dtype=torch.int32, device=device)
+    seqlens = torch.tensor([15, 20], dtype=torch.int32, device=device)
+    q, kn, vn = _randn((2, 2, h, d), device, gen), _randn((2, 2, hk, d), device, gen), \
+        _randn((2, 2, hk, d), device, gen)
+
+    def call(q, kc, vc, kn, vn, seqlens, table):
+        return flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens,
+                                       block_table=table, causal=True, return_softmax_lse=True)
+
+    kc, vc, kc2, vc2 = pool_k.clone(), pool_v.clone(), pool_k.clone(), pool_v.clone()
+    out, lse = torch.compile(call, fullgraph=True, backend="aot_eager")(q, kc, vc, kn, vn,
+                                                                        seqlens, table)
+    ref, ref_lse = call(q, kc2, vc2, kn, vn, seqlens, table)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    torch.testing.assert_close(lse, ref_lse, rtol=0, atol=0)
+    torch.testing.assert_close(kc, kc2, rtol=0, atol=0)
+    torch.testing.assert_close(kc[4, 15], kn[0, 0], rtol=0, atol=0)  # token 15: page 4, row 15
+    torch.testing.assert_close(kc[1, 0], kn[0, 1], rtol=0, atol=0)   # token 16: page 1, row 0
+    torch.testing.assert_close(vc[5, 4:6], vn[1], rtol=0, atol=0)    # tokens 20, 21 of seq 1

@@ -161,8 +161,9 @@ def test_varlen_against_per_sequence_sdpa():
 def test_odd_head_dim_packed_and_kvcache(d, seed):
     """Packed qkv of an odd head dim has rows that are not 16-byte aligned: the padded path
     reads them as they are, so the forward equals the one of contiguous copies bit for bit and
-    the packed gradient matches theirs under the rule; the KV-cache path refuses such a head
-    dim with FA_ERR_HEAD_DIM (the cache is read in place)."""
+    the packed gradient matches theirs under the rule; the KV-cache path runs such a head dim
+    on zero-padded copies too (src/cuda/pad_kv.h): the append lands bit for bit in the
+    caller's cache (nothing else of it changes) and out passes the rule."""
     need_backend()
     dt = torch.float16
     gen = torch.Generator(device="cuda").manual_seed(hash(seed) & 0xFFFFFFFF)
@@ -181,10 +182,18 @@ def test_odd_head_dim_packed_and_kvcache(d, seed):
     attention(*ys, True, (-1, -1), dt).backward(dout)
     for i, name in enumerate(("dq", "dk", "dv")):
         rule(name, packed.grad[:, :, i], ys[i].grad, xs[i].grad, dt)
-    cache = torch.zeros(2, 64, 4, d, device="cuda", dtype=dt)
-    with pytest.raises(flashattn.FlashAttnError) as e:
-        flashattn.flash_attn_with_kvcache(q[:, :1], cache, cache.clone(), cache_seqlens=10)
-    assert e.value.status_name == "FA_ERR_HEAD_DIM" and "multiples of 8" in e.value.message
+    ck, cv = (torch.randn(2, 64, 4, d, device="cuda", generator=gen).to(dt) for _ in range(2))
+    kn, vn = (torch.randn(2, 3, 4, d, device="cuda", generator=gen).to(dt) for _ in range(2))
+    kc, vc = ck.clone(), cv.clone()
+    out = flashattn.flash_attn_with_kvcache(q[:, :3], kc, vc, kn, vn, cache_seqlens=10,
+                                            causal=True)
+    padded_record(d)
+    ck[:, 10:13], cv[:, 10:13] = kn, vn
+    assert torch.equal(bits16(kc), bits16(ck)) and torch.equal(bits16(vc), bits16(cv))
+    keys = [x[:, :13] for x in (ck, cv)]
+    ref = attention(q[:, :3].double(), *(x.double() for x in keys), True, (-1, -1),
+                    torch.float64)
+    rule("kvcache out", out, attention(q[:, :3], *keys, True, (-1, -1), dt), ref, dt)
 
 
 def test_without_cuda_backend_the_error_says_so():
@@ -230,6 +239,11 @@ KV_CASES = [  # lens, sq, new, hq, hk, d, page, causal, window
     ([0, 1, 63, 300], 1, 1, 8, 2, 128, 16, False, (-1, -1)),
     ([15, 64, 129, 1000], 4, 4, 8, 1, 64, 64, True, (-1, -1)),
     ([0, 5, 129, 700], 2, 0, 4, 4, 256, 16, True, (100, 0)),
+    # head dims that are not multiples of 8: the pages gathered into zero-padded copies and
+    # the appended rows copied back through block_table (src/cuda/pad_kv.h)
+    ([3, 60, 200], 2, 2, 6, 2, 59, 16, True, (-1, -1)),
+    ([0, 17, 300, 33], 1, 1, 8, 1, 217, 64, False, (-1, -1)),
+    ([1, 90], 3, 3, 4, 4, 111, 16, True, (32, 0)),
 ]
 
 
@@ -293,7 +307,10 @@ def test_kvcache_paged(case, dtype, seed):
         assert sel.backend == "cuda", sel
         if splits:
             assert sel.num_splits == splits, (tag, sel)
-        assert sel.reason == "", (tag, sel)  # both check modes run the preferred kernel
+        if d % 8:  # the padded copies, named in the record
+            assert sel.kernel.endswith(f"_paged_pad{d}") and "zero-padded" in sel.reason, sel
+        else:
+            assert sel.reason == "", (tag, sel)  # both check modes run the preferred kernel
         assert torch.equal(bits16(pk), bits16(exp_k)), tag
         assert torch.equal(bits16(pv), bits16(exp_v)), tag
         rule(f"out [{tag}]", torch.nan_to_num(out.float(), nan=1e9), base_out, ref_out, dtype)

@@ -187,13 +187,15 @@ def test_fa3_paths_torch(device, rng, seed):
     assert qt.grad.abs().sum() > 0
 
 
-def test_seqused_refused_under_compile():
-    """The seqused / paged paths size tensors from host reads: under tracing a clear error."""
-    t = torch.zeros((4, H, D))
+def test_seqused_under_compile():
+    """The seqused / paged paths size tensors from host reads: under tracing they run inside
+    one op (flashattn_c::varlen_fa3; test_compile checks them further), equal to eager."""
+    t = torch.randn((4, H, D))
     cq = torch.tensor([0, 4], dtype=torch.int32)
     torch._dynamo.reset()
-    f = torch.compile(lambda q, cq: flash_attn_varlen_func(q, q[:, :HK], q[:, :HK], cq, cq, 4,
-                                                            4, seqused_k=cq[1:]),
-                      fullgraph=True, backend="aot_eager")
-    with pytest.raises(Exception, match="seqused_k=\\) under torch.compile"):
-        f(t, cq)
+
+    def call(q, cq):
+        return flash_attn_varlen_func(q, q[:, :HK], q[:, :HK], cq, cq, 4, 4, seqused_k=cq[1:] - 1)
+
+    got = torch.compile(call, fullgraph=True, backend="aot_eager")(t, cq)
+    torch.testing.assert_close(got, call(t, cq), rtol=0, atol=0)

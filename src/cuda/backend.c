@@ -21,6 +21,7 @@
 #include "kernels.h"
 #include "merge_sm80.h"
 #include "pad.h"
+#include "pad_kv.h"
 
 /* Bytes at the start of every CUDA workspace for the synchronous checks' answers
    (FA_CUDA_CHECK_BYTES); a varlen call's workspace then holds the sanitised copies of
@@ -511,13 +512,19 @@ static fa_status cuda_bwd(fa_context *ctx, const fa_problem *pin, void *ws, size
 static fa_status check_kvcache(fa_context *ctx, const fa_problem *p) {
     const char *fn = "fa_fwd_kvcache";
     TRY(check_problem_scalars(ctx, fn, p));
-    /* the cache is the caller's and is read in place, in 16-byte pieces: a copy padded to 8
-       columns would cost a pass over the whole cache per call */
-    if (p->d % 8)
-        return fa_fail(ctx, FA_ERR_HEAD_DIM,
-                       "%s: head_dim = %lld; the CUDA KV-cache path takes multiples of 8 up to "
-                       "256 (fa_fwd and fa_bwd take any head dim up to 256)",
-                       fn, (long long)p->d);
+    /* d not a multiple of 8 runs on zero-padded copies of the rows the call reads (pad_kv.h),
+       in a workspace of batch x capacity padded rows for K and V: a size that does not fit
+       the address space is refused here, before any byte count wraps */
+    int64_t rows, elems;
+    if (p->d % 8 &&
+        (__builtin_mul_overflow(p->batch, p->seqlen_k, &rows) ||
+         __builtin_mul_overflow(rows, p->heads_kv * ((p->d + 7) & ~(int64_t)7), &elems) ||
+         elems > ((int64_t)1 << 58)))
+        return fa_fail(ctx, FA_ERR_OVERFLOW,
+                       "%s: head_dim = %lld runs on zero-padded copies of the cache, and a copy "
+                       "of batch %lld x capacity %lld x heads_kv %lld rows is too large",
+                       fn, (long long)p->d, (long long)p->batch, (long long)p->seqlen_k,
+                       (long long)p->heads_kv);
     /* the decode kernels have no dropout (FlashAttention-2's KV-cache path has none either:
        inference does not drop); refused before anything runs rather than ignored */
     if (p->drop_p > 0)
@@ -548,8 +555,24 @@ static fa_status cuda_fwd_kvcache_workspace(fa_context *ctx, const fa_problem *p
     TRY(check_kvcache(ctx, p));
     fa_cuda_launch l;
     TRY(launch_init(ctx, "fa_fwd_kvcache", &l, NULL, 0, 0));
-    *bytes = WS_HEAD + fa_sm80_kvcache_workspace(p, &l);
+    const fa_problem k = kernel_shape(p);
+    *bytes = WS_HEAD + fa_cuda_pad_kv_bytes(p) + fa_sm80_kvcache_workspace(&k, &l);
     return FA_OK;
+}
+
+/* The record of a padded KV-cache call: the kernel that ran (its compiled head dim; a paged
+   cache ran as the contiguous copy, "_paged" says the call was paged) with "_pad<d>", and the
+   reason saying what was copied. */
+static void record_pad_kv(fa_context *ctx, const fa_problem *p, const fa_problem *k) {
+    char name[sizeof ctx->sel.kernel];
+    snprintf(name, sizeof name, "%.48s%s_pad%lld", ctx->sel.kernel,
+             p->block_table ? "_paged" : "", (long long)p->d);
+    snprintf(ctx->sel.kernel, sizeof ctx->sel.kernel, "%s", name);
+    snprintf(ctx->sel.reason, sizeof ctx->sel.reason,
+             "head_dim %lld is not a multiple of 8: q, k_new, v_new and the cache rows read%s "
+             "copied into zero-padded buffers of %lld columns; appended rows and out copied back",
+             (long long)p->d, p->block_table ? " (gathered through block_table)" : "",
+             (long long)k->d);
 }
 
 /* seqlens and block_table: FA_DEVICE_CHECKS_SYNC checks them first (one synchronisation);
@@ -558,19 +581,41 @@ static fa_status cuda_fwd_kvcache(fa_context *ctx, const fa_problem *p, void *ws
     const char *fn = "fa_fwd_kvcache";
     fa_cuda_launch l;
     char msg[256];
-    TRY(launch_init(ctx, fn, &l, ws, ws_bytes, WS_HEAD));
+    const int pad = fa_cuda_padded(p);
+    const size_t head = WS_HEAD + fa_cuda_pad_kv_bytes(p);
+    TRY(launch_init(ctx, fn, &l, ws, ws_bytes, head));
+    if (pad) TRY(pad_ws_aligned(ctx, fn, ws));
     if (ctx->device_checks == FA_DEVICE_CHECKS_SYNC) {
         TRY(no_capture(ctx, fn,
                        "checking seqlens/block_table synchronously (FA_DEVICE_CHECKS_SYNC)"));
         fa_status st = fa_sm80_kvcache_check(p, ws, ctx->stream, msg, sizeof msg);
         if (st != FA_OK) return fa_fail(ctx, st, "%s: %s", fn, msg);
     }
+    /* padded: the copies in write only the workspace, the caller's cache and out are written
+       by the copies back after the kernels succeeded (nothing of the caller's on an error) */
+    fa_problem k = *p;
+    if (pad) {
+        const fa_problem shape = kernel_shape(p);
+        const size_t need = fa_sm80_kvcache_workspace(&shape, &l);
+        if (need > l.ws_bytes)
+            return fa_fail(ctx, FA_ERR_INTERNAL, "%s: workspace of %zu bytes, kernels need %zu",
+                           fn, l.ws_bytes, need);
+        fa_status st = fa_cuda_pad_kv_in(p, (char *)ws + WS_HEAD, l.err, &k, ctx->stream, l.msg,
+                                         sizeof l.msg);
+        if (st != FA_OK) return fa_fail(ctx, st, "%s: %s", fn, l.msg);
+    } else {
+        zero_in(ctx, ws, &l);
+    }
     int splits = 1;
-    zero_in(ctx, ws, &l);
-    fa_status st = fa_sm80_fwd_kvcache(p, &l, &splits);
+    fa_status st = fa_sm80_fwd_kvcache(&k, &l, &splits);
     if (st != FA_OK) return fa_fail(ctx, st, "%s: %s", fn, l.msg);
     zero_out(ctx, ws, &l);
-    record(ctx, "fwd", &l, WS_HEAD + fa_sm80_kvcache_workspace(p, &l));
+    if (pad) {
+        st = fa_cuda_pad_kv_out(p, &k, l.err, ctx->stream, l.msg, sizeof l.msg);
+        if (st != FA_OK) return fa_fail(ctx, st, "%s: %s", fn, l.msg);
+    }
+    record(ctx, "fwd", &l, head + fa_sm80_kvcache_workspace(&k, &l));
+    if (pad) record_pad_kv(ctx, p, &k);
     ctx->sel.num_splits = splits;
     return FA_OK;
 }

@@ -31,6 +31,20 @@ typedef struct fa_cuda_pad_rows {
     const int32_t *tokens;
 } fa_cuda_pad_rows;
 
+/* The copy of a caller's operand u (d columns) and its buffer b (dp columns), nb x nt x nh
+   rows, every row (tokens NULL). */
+static inline fa_cuda_pad_rows fa_cuda_pad_rows_of(const fa_operand *u, const fa_operand *b,
+                                                   int64_t nb, int64_t nt, int64_t nh, int d,
+                                                   int dp) {
+    fa_cuda_pad_rows r;
+    r.user = u->data, r.sb = u->sb, r.st = u->st, r.sh = u->sh;
+    r.buf = b->data;
+    r.nb = nb, r.nt = nt, r.nh = nh;
+    r.d = d, r.dp = dp;
+    r.tokens = NULL;
+    return r;
+}
+
 /* Queues the copy on stream: to_buf 1 fills the whole buffer (columns d..dp-1 zero), 0 writes
    the buffer's first d columns into the caller's tensor. FA_ERR_CUDA with msg on a launch
    error. */

@@ -45,14 +45,10 @@ size_t fa_cuda_pad_bytes(const fa_problem *p, int bwd) {
 
 /* The copy description of operand i: p's tensor and pp's buffer. */
 static fa_cuda_pad_rows rows(const fa_problem *p, const fa_problem *pp, int i) {
-    fa_cuda_pad_rows r;
-    const fa_operand *u = op_of((fa_problem *)p, i), *b = op_of((fa_problem *)pp, i);
-    r.user = u->data, r.sb = u->sb, r.st = u->st, r.sh = u->sh;
-    r.buf = b->data;
-    rows_of(p, i, &r.nb, &r.nt, &r.nh);
-    r.d = (int)p->d, r.dp = (int)pp->d;
-    r.tokens = NULL;
-    return r;
+    int64_t nb, nt, nh;
+    rows_of(p, i, &nb, &nt, &nh);
+    return fa_cuda_pad_rows_of(op_of((fa_problem *)p, i), op_of((fa_problem *)pp, i), nb, nt,
+                               nh, (int)p->d, (int)pp->d);
 }
 
 fa_status fa_cuda_pad_in(const fa_problem *p, int bwd, void *buf, fa_problem *pp, void *stream,
