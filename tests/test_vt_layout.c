@@ -42,6 +42,35 @@ static int ways(const uint32_t at[32]) {
     return worst;
 }
 
+/* The kernel's form of the addresses (fa_vt_lane_of, the bases moved per 128 columns of V,
+   the per-item XOR and offset) gives the same bytes as the reference functions, from stage
+   bases with bits 4..6 clear (1024-byte aligned in the kernel; two such bases here, one of
+   them not a multiple of 2048) */
+static void check_fast_form(int d, int bn, int blk, int lane, fa_vt_item it) {
+    const uint32_t kv_panel = (uint32_t)bn * 128u, vt_panel = (uint32_t)d * 128u;
+    static const uint32_t bases[] = {0u, 0x2c00u, 0x30400u};
+    const fa_vt_lane fl = fa_vt_lane_of(lane);
+    /* the kernel runs one V panel's items (8 x bn / 32) and moves its bases per panel */
+    const int per_panel = 8 * (bn / 32), h = blk / per_panel, hblk = blk % per_panel;
+    for (size_t i = 0; i < sizeof bases / sizeof *bases; i++) {
+        const uint32_t b = bases[i], bl = b + (uint32_t)h * kv_panel, bs = b + (uint32_t)h * FA_VT_PANEL_ROWS;
+        for (int q = 0; q < 4; q++) {
+            const uint32_t want = b + fa_sw128_at(fa_vt_key(it, q), it.n, kv_panel);
+            const uint32_t got = ((bl + fl.ld[q]) ^ fa_vt_ld_xor(hblk, bn)) + fa_vt_ld_add(hblk, bn, kv_panel);
+            if (got != want)
+                fail_msg("d %d bn %d blk %d lane %d load %d: fast form %u, reference %u", d, bn, blk,
+                         lane, q, got, want);
+        }
+        for (int j = 0; j < 4; j++) {
+            const uint32_t want = b + fa_sw128_at(fa_vt_row(it, j), it.c, vt_panel);
+            const uint32_t got = ((bs + fl.st[j]) ^ fa_vt_st_xor(hblk, bn)) + fa_vt_st_add(hblk, bn, vt_panel);
+            if (got != want)
+                fail_msg("d %d bn %d blk %d lane %d store %d: fast form %u, reference %u", d, bn, blk,
+                         lane, j, got, want);
+        }
+    }
+}
+
 /* Transposes a random V tile of bn keys x d columns as the 3 transposer warps do; returns the
    worst conflict (ways) of any warp load and of any warp store; fails the test on a wrong or
    missing byte. rotate 0: the previous order (the negative control). */
@@ -70,6 +99,7 @@ static void run(int d, int bn, int rotate, int *load_ways, int *store_ways) {
                     ld[q][lane] = fa_sw128_at(fa_vt_key(it, q), it.n, kv_panel);
                     memcpy(&words[lane][q], v + ld[q][lane], 4);
                 }
+                if (rotate) check_fast_form(d, bn, blk, lane, it);
             }
             for (int q = 0; q < 4; q++) {
                 const int w = ways(ld[q]);

@@ -307,35 +307,56 @@ __device__ __forceinline__ bool tile_of(const Args &a, int t, Tile &w) {
    transposers takes every third block of 32 keys x 16 columns, each lane a 4 x 4 byte block:
    four 32-bit words of four keys' rows, transposed by byte permutes, written as four words of
    four V^T rows, in the order vt_layout.h gives, in which no load or store of the warp has a
-   bank conflict (the previous order had 8-way conflicts on every load: 36 wavefronts per warp
-   step instead of 8, beside the products' own operand reads). */
+   bank conflict. The items are unrolled with the block index a template constant, so each
+   access is the lane's offset XOR a constant plus an immediate (vt_layout.h's kernel form):
+   the address arithmetic of the general form was 185 instructions an item and made the
+   transposers the kernel's limit (fp8.md T3). */
+template <typename C, int BLK>
+__device__ __forceinline__ void transpose_from(const uint32_t (&ld)[4], const uint32_t (&st)[4], bool r, bool s) {
+    constexpr uint32_t LX = fa_vt_ld_xor(BLK, C::BN), LA = fa_vt_ld_add(BLK, C::BN, C::KV_PANEL);
+    constexpr uint32_t SX = fa_vt_st_xor(BLK, C::BN), SA = fa_vt_st_add(BLK, C::BN, C::VT_PANEL);
+    uint32_t v[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+        asm volatile("ld.shared.u32 %0, [%1+%2];\n" : "=r"(v[q]) : "r"(ld[q] ^ LX), "n"(LA) : "memory");
+    /* w[k]: the V row of the item's key k (load q read key (q + r) % 4) */
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) w[k] = r ? v[(k + 3) & 3] : v[k];
+    /* out[x] = byte x of w[0..3]: V^T row n + x */
+    const uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140), hi01 = __byte_perm(w[0], w[1], 0x7362);
+    const uint32_t lo23 = __byte_perm(w[2], w[3], 0x5140), hi23 = __byte_perm(w[2], w[3], 0x7362);
+    const uint32_t out[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
+                             __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
+#pragma unroll
+    for (int j = 0; j < 4; j++) /* store j: row n + (j ^ s), s 0 or 2 */
+        asm volatile("st.shared.u32 [%0+%1], %2;\n" ::"r"(st[j] ^ SX), "n"(SA), "r"(s ? out[j ^ 2] : out[j])
+                     : "memory");
+    constexpr int BLOCKS = 8 * (C::BN / 32); /* one 128-column panel of V */
+    if constexpr (BLK + 3 < BLOCKS) transpose_from<C, BLK + 3>(ld, st, r, s);
+}
 template <typename C> __device__ __forceinline__ void transpose_v(uint32_t sv, uint32_t svt, int i) {
-    constexpr int WARPS = 3, BLOCKS = (C::D / 16) * (C::BN / 32);
-    const int lane = i % 32;
+    static_assert(C::E != 1 || (C::BN % 128 == 0 && C::OFF_V % 1024 == 0 && C::KV_TILE % 1024 == 0 &&
+                                C::OFF_VT % 1024 == 0 && C::VT_TILE % 1024 == 0),
+                  "the kernel form needs stage bases with bits 4..6 clear (vt_layout.h)");
+    if constexpr (C::E != 1) return; /* 16-bit inputs: no transpose (never called) */
+    const int lane = i % 32, warp = i / 32;
+    const fa_vt_lane l = fa_vt_lane_of(lane);
+    const bool r = lane % 8 >= 4, s = lane / 8 >= 2; /* fa_vt_item_of's r and s */
+    /* per 128 columns of V (V^T rows), a loop: unrolled over d 256, ptxas kept every item's
+       XORed base live and spilled them (448 bytes at d 256 against 20 at d 128) */
 #pragma unroll 1
-    for (int blk = i / 32; blk < BLOCKS; blk += WARPS) {
-        const fa_vt_item it = fa_vt_item_of(blk, lane, C::BN);
-        uint32_t v[4];
+    for (int h = 0; h < C::D / 128; h++) {
+        uint32_t ld[4], st[4];
 #pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const uint32_t at = sv + fa_sw128_at(fa_vt_key(it, q), it.n, C::KV_PANEL);
-            asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v[q]) : "r"(at) : "memory");
-        }
-        /* w[k]: the V row of the item's key k (load q read key (q + r) % 4) */
-        uint32_t w[4];
-#pragma unroll
-        for (int k = 0; k < 4; k++) w[k] = it.r ? v[(k + 3) & 3] : v[k];
-        /* out[x] = byte x of w[0..3]: V^T row n + x */
-        const uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140), hi01 = __byte_perm(w[0], w[1], 0x7362);
-        const uint32_t lo23 = __byte_perm(w[2], w[3], 0x5140), hi23 = __byte_perm(w[2], w[3], 0x7362);
-        const uint32_t out[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
-                                 __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
-#pragma unroll
-        for (int j = 0; j < 4; j++) { /* store j: row n + (j ^ s), s 0 or 2 */
-            const uint32_t at = svt + fa_sw128_at(fa_vt_row(it, j), it.c, C::VT_PANEL);
-            const uint32_t x = it.s ? out[j ^ 2] : out[j];
-            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(x) : "memory");
-        }
+        for (int q = 0; q < 4; q++)
+            ld[q] = sv + h * C::KV_PANEL + l.ld[q], st[q] = svt + h * FA_VT_PANEL_ROWS + l.st[q];
+        if (warp == 0)
+            transpose_from<C, 0>(ld, st, r, s);
+        else if (warp == 1)
+            transpose_from<C, 1>(ld, st, r, s);
+        else
+            transpose_from<C, 2>(ld, st, r, s);
     }
 }
 

@@ -26,8 +26,10 @@
 
 #ifdef __CUDACC__
 #define FA_VT_FN __host__ __device__ __forceinline__
+#define FA_VT_CFN __host__ __device__ constexpr /* the kernel's compile-time item constants */
 #else
 #define FA_VT_FN static inline
+#define FA_VT_CFN static inline
 #endif
 
 /* The key (0..31 in a 32-key step) that column c of the e4m3 P fragment holds: the fp32
@@ -65,6 +67,45 @@ FA_VT_FN int fa_vt_key(fa_vt_item it, int q) {
 /* The V^T row the lane's store j writes: the item's row j ^ s (s is 0 or 2: (j + s) % 4) */
 FA_VT_FN int fa_vt_row(fa_vt_item it, int j) {
     return it.n + (j ^ it.s);
+}
+
+/* The same addresses in the kernel's form, a few instructions each instead of the ~45 of
+   fa_vt_item_of, fa_vt_key, fa_vt_row and fa_sw128_at per access (ncu: the transposers ran
+   185 instructions per item, 54% of the kernel's, and the consumers waited on V^T; fp8.md T3).
+   Per lane, once a tile: the offsets of its loads and stores in item 0's geometry, the
+   swizzle's XOR in bits 4..6. Per item (blk a compile-time constant in the unrolled loop):
+   a constant XOR into bits 4..6 and a constant offset. The XOR can stand in for the swizzle's
+   because the stage bases are 1024-byte aligned and nothing else of an address touches bits
+   4..6: (base + off) ^ x == base + (off ^ x). Any bn that is a multiple of 128. */
+typedef struct fa_vt_lane {
+    uint32_t ld[4], st[4];
+} fa_vt_lane;
+FA_VT_FN fa_vt_lane fa_vt_lane_of(int lane) {
+    const int a = lane % 8, b = lane / 8, r = a / 4, s = 2 * (b / 2);
+    fa_vt_lane l;
+    for (int q = 0; q < 4; q++) { /* key (q + r) % 4 of the item, column 4 b of block 0 */
+        const int key = fa_perm_key(4 * a + ((q + r) & 3));
+        l.ld[q] = (uint32_t)(key * 128 + 4 * b) | ((uint32_t)(key % 8) << 4);
+    }
+    for (int j = 0; j < 4; j++) { /* V^T row 4 b + (j ^ s), keys 4 a.. of block 0 */
+        const int row = 4 * b + (j ^ s);
+        l.st[j] = (uint32_t)(row * 128 + 4 * (a % 4)) | ((uint32_t)((a / 4) ^ (row % 8)) << 4);
+    }
+    return l;
+}
+/* V^T bytes of 128 rows (V's 128 columns: one panel of V, 8 x bn / 32 items): the kernel runs
+   the items of one panel and moves its bases by this and by kv_panel for the next */
+#define FA_VT_PANEL_ROWS (128u * 128u)
+/* item blk: its 32-key step cb = blk % (bn / 32), its 16-column block nb = blk / (bn / 32) */
+FA_VT_CFN uint32_t fa_vt_ld_xor(int blk, int bn) { return (uint32_t)((blk / (bn / 32)) % 8) << 4; }
+FA_VT_CFN uint32_t fa_vt_ld_add(int blk, int bn, uint32_t kv_panel) {
+    const int cb = blk % (bn / 32), nb = blk / (bn / 32);
+    return (uint32_t)(nb / 8) * kv_panel + 4096u * (uint32_t)cb;
+}
+FA_VT_CFN uint32_t fa_vt_st_xor(int blk, int bn) { return (uint32_t)(2 * (blk % (bn / 32) % 4)) << 4; }
+FA_VT_CFN uint32_t fa_vt_st_add(int blk, int bn, uint32_t vt_panel) {
+    const int cb = blk % (bn / 32), nb = blk / (bn / 32);
+    return 2048u * (uint32_t)nb + (uint32_t)(cb / 4) * vt_panel;
 }
 
 #endif
