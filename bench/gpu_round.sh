@@ -55,4 +55,8 @@ if [ -n "${STAGES_AFTER-decode}" ] && [ "$(left)" -gt 150 ]; then
 fi
 [ "$workers" -gt 0 ] && bench/fuzz_bg.sh report 2>&1 | tee -a "$R"
 for a in build-fuzz*/artifacts; do cp -r "$a" "$OUT/fuzz-artifacts" 2>/dev/null; done
+# each finding also as base64 in round.txt: files past the call's count limit do not come back
+for f in build-fuzz*/artifacts/crash-* build-fuzz*/artifacts/timeout-*; do
+  [ -f "$f" ] && say "finding $(basename "$f") base64 $(base64 -w0 "$f")"
+done
 say "total $(( $(date +%s) - T0 ))s"
