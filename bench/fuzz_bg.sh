@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # bench/fuzz_bg.sh — the libFuzzer target on a lent machine's idle CPU cores while a GPU call
 # runs (issue 42 counts executions toward 10 million):
+#   (start them after the GPU build: beside it, 10 workers pushed the build past 220 s)
 #   bench/fuzz_bg.sh start WORKERS SECONDS   builds build-fuzz (scripts/fuzz.sh, clang; or runs
 #                                            the carried $FUZZ_BIN, default
 #                                            build-fuzzcarry/fuzz_api, where there is no clang) and
@@ -44,7 +45,9 @@ carry)
   echo "fuzz_bg: build-fuzzcarry holds $(git rev-parse --short HEAD)'s target ($(du -sh build-fuzzcarry | cut -f1))"
   ;;
 report)
-  while pgrep -f "fuzz_api" >/dev/null; do sleep 2; done
+  # by process name (-x): -f also matched a caller whose command line named fuzz_api, and
+  # waited for itself until the call's limit
+  while pgrep -x fuzz_api >/dev/null; do sleep 2; done
   mv fuzz-*.log "$logs"/ 2>/dev/null
   execs=$(cat "$logs"/fuzz-*.log 2>/dev/null | grep -o "stat::number_of_executed_units: *[0-9]*" |
     awk '{s += $2} END {print s + 0}')
