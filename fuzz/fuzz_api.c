@@ -260,7 +260,6 @@ static void dump_value(void *user, uint8_t *p) {
 
 /* FUZZ_DUMP=1: the decoded call on stderr (up to 64 values a tensor), to study a finding. */
 static void dump_call(const fz_call *c, int threads, int strict) {
-    static const char *const dt[] = {"f32", "f16", "bf16", "f64", "e4m3", "e5m2"};
     const fa_params *p = &c->prm;
     fprintf(stderr,
             "%s algo %d threads %d strict %d vmode %d scale %g causal %d window %lld,%lld "
@@ -271,8 +270,7 @@ static void dump_call(const fz_call *c, int threads, int strict) {
             p->cu_seqlens_q ? "yes" : "no", p->deterministic);
     for (int i = 0; i < c->nt; i++) {
         const fa_tensor *t = &c->view[i];
-        fprintf(stderr, "  %-8s %-4s data %s shape [", c->name[i],
-                (unsigned)t->dtype < 6 ? dt[t->dtype] : "?",
+        fprintf(stderr, "  %-8s %-4s data %s shape [", c->name[i], fa_dtype_name(t->dtype),
                 t->data ? "set" : "NULL");
         for (int j = 0; j < t->ndim && j < 4; j++)
             fprintf(stderr, "%s%lld", j ? " " : "", (long long)t->shape[j]);
