@@ -551,8 +551,6 @@ static void kvcache_special(void **state) {
             }
 }
 
-/* ---- the CUDA kernels (test_special cuda) ---- */
-
 /* ---- extreme softmax scales ---- */
 
 /* The backward at a softmax scale far from 1, against the float64 reference: each gradient
@@ -616,6 +614,8 @@ static void scale_extremes(void **state) {
     }
     unsetenv("FLASHATTN_CPU_BWD_SCHEDULE");
 }
+
+/* ---- the CUDA kernels (test_special cuda) ---- */
 
 static const int64_t cuda_ds[] = {8, 40, 64, 128, 256};
 

@@ -375,6 +375,7 @@ static void q_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int gs
     const int d = (int)p->d, dp = fa_tm_pad16(d);
     const int64_t bq = p->cu_q ? 0 : b, bk = p->cu_k ? 0 : b, hk = h / p->group;
     const float slope = fa_alibi_slope(p, b, h), cap = p->softcap;
+    const fa_vf vpre = fa_vset1(fa_tm_ds_pre(p->scale)); /* dS's part of the scale */
     const float *dh = D + d_off(p, b, h, q0);
     fa_dt drop;
     const int dropout = fa_dt_init(&drop, p, b, h);
@@ -417,7 +418,6 @@ static void q_item(const fa_problem *p, int64_t b, int64_t h, int64_t g0, int gs
             /* P = exp(mul s - LSE), as the forward's exponentials; the argument clamped at 0
                (fa_vclamp0: this s may exceed the forward's by a rounding, and LSE is rounded) */
             const fa_vf vmul = fa_vset1(transform ? 1.0f : p->scale);
-            const fa_vf vpre = fa_vset1(fa_tm_ds_pre(p->scale)); /* dS's part of the scale */
             const int partial = kind[s] == FA_TM_PARTIAL;
             if (dropout) fa_dt_kmajor(&drop, B.dpt, BQ, nk, nq[s], (g0 + s) * BQ, j0); /* Z o dP */
             for (int j = 0; j < nk; j++) {
