@@ -122,17 +122,21 @@ tk_err tk_compare(const fa_tensor *x, const fa_tensor *ref);
  * The correctness rule: the kernel's max and mean error against the float64 reference must
  * each be at most 2x the baseline's plus slack. Returns 1 on pass. The slack is
  * 4 * u_P * max(1, max|ref|) + extra (see rule_slack() in tk_case.c for why; extra is the
- * fp32 noise of the backward's D_i term in dQ and dK, 0 elsewhere).
+ * fp32 noise of the backward's D_i term and of its P in the gradients, 0 elsewhere).
  */
 int tk_rule(const tk_err *kernel, const tk_err *base, fa_dtype precision, double extra,
             double *slack);
 
-/* That extra for dQ (*dq) and dK (*dk), from the reference's dO, O (rows of d), Q and K, the
-   softmax scale and n_rows, the most query rows of one kv head (its group's heads included)
-   that a key sees: see grad_extra in tk_case.c. */
-void tk_grad_extra(const fa_tensor *dout, const fa_tensor *o, const fa_tensor *q,
-                   const fa_tensor *k, int d, double scale, int64_t n_rows, double *dq,
-                   double *dk);
+/* That extra for dQ, dK and dV (the D and P terms of tk_grad_extra in tk_case.c), from the
+   reference's tensors, the softmax scale and n_rows, the most query rows of one kv head (its
+   group's heads included) that a key sees. */
+typedef struct tk_grad_ref {
+    const fa_tensor *q, *k, *o, *lse, *dout, *dq, *dk, *dv;
+} tk_grad_ref;
+typedef struct tk_grad_slack {
+    double dq, dk, dv;
+} tk_grad_slack;
+tk_grad_slack tk_grad_extra(const tk_grad_ref *ref, int d, double scale, int64_t n_rows);
 
 /* ---- cases --------------------------------------------------------------------------------- */
 

@@ -61,8 +61,8 @@ static void bwd_repeatable(void **state) {
  * differentiates its own forward, as tk_run_case does.
  * As test_fwd's f32_scaled_inputs judges O, the gradients are judged at the data's scale:
  * dO * 2^a and V * 2^c scale dV by 2^a and dP, dS, dQ, dK by 2^(a + c) (exactly, but for what
- * falls subnormal), so they are multiplied back by 2^-a and 2^-(a + c) (exact) first, and dQ
- * and dK get the sweep's extra slack (tk_grad_extra) at that scale too.
+ * falls subnormal), so they are multiplied back by 2^-a and 2^-(a + c) (exact) first, and
+ * the gradients get the sweep's extra slack (tk_grad_extra) at that scale too.
  */
 static void f32_scaled_grads(void **state) {
     (void)state;
@@ -111,14 +111,15 @@ static void f32_scaled_grads(void **state) {
                 if (tk_check_written(&o[w], "gradient", msg, sizeof msg))
                     fail_msg("dO*2^%d V*2^%d run %d: %s", ex[G], ex[V], run, msg);
         }
+        /* the extra slack at the data's scale, then both multiplied back */
+        const tk_grad_ref gr = {&in64[Q].t,  &in64[K].t,     &out[0][O].t,  &out[0][L].t,
+                                &in64[G].t,  &out[0][DQ].t, &out[0][DK].t, &out[0][DV].t};
+        const tk_grad_slack gs = tk_grad_extra(&gr, d, 1.0 / sqrt(d), n);
         const int back[NOUT] = {0, 0, -ex[G] - ex[V], -ex[G] - ex[V], -ex[G]};
         for (int run = 0; run < 3; run++)
             for (int w = DQ; w <= DV; w++) tk_scale_pow2(&out[run][w], back[w]);
-        double extra[NOUT] = {0};
-        tk_grad_extra(&in64[G].t, &out[0][O].t, &in64[Q].t, &in64[K].t, d, 1.0 / sqrt(d), n,
-                      &extra[DQ], &extra[DK]);
-        extra[DQ] = ldexp(extra[DQ], back[DQ]);
-        extra[DK] = ldexp(extra[DK], back[DK]);
+        double extra[NOUT] = {0, 0, ldexp(gs.dq, back[DQ]), ldexp(gs.dk, back[DK]),
+                              ldexp(gs.dv, back[DV])};
         static const char *names[NOUT] = {"O", "LSE", "dQ", "dK", "dV"};
         for (int w = DQ; w <= DV; w++) {
             const tk_err base = tk_compare(&out[1][w].t, &out[0][w].t);
