@@ -106,10 +106,10 @@ FA_TM_INLINE void put_row(uint16_t *dst, size_t pstride, const void *row, int pa
  * The cap: the backward's dS carries the scales of dO and V both, and 2^-126 undoes two of
  * them as a normal float; 2^63 still brings the smallest subnormal, 2^-149, to 2^-86, whose
  * parts are normal. One pass over rows (b, t, h), b < nb, t < nt, h < nh (NaN skipped; an inf
- * max leaves 1).
+ * max leaves 1; split_max_abs is that pass, split_scale_of the power of two from its result).
  */
-static inline float split_scale(const fa_operand *a, int64_t nb, int64_t nt, int64_t nh, int d,
-                                int threads) {
+static inline float split_max_abs(const fa_operand *a, int64_t nb, int64_t nt, int64_t nh, int d,
+                                  int threads) {
     const int64_t rows = nb * nt * nh;
     float mx = 0.0f;
 #pragma omp parallel for num_threads(threads) reduction(max : mx) schedule(static)
@@ -124,10 +124,19 @@ static inline float split_scale(const fa_operand *a, int64_t nb, int64_t nt, int
         const float rm = _mm512_reduce_max_ps(m);
         if (rm > mx) mx = rm;
     }
+    return mx;
+}
+
+static inline float split_scale_of(float mx) {
     if (!(mx > 0.0f) || mx >= 1.0f) return 1.0f; /* also inf */
     int e;
     frexpf(mx, &e); /* mx = f 2^e, f in [0.5, 1) */
     return ldexpf(1.0f, 1 - e > 63 ? 63 : 1 - e);
+}
+
+static inline float split_scale(const fa_operand *a, int64_t nb, int64_t nt, int64_t nh, int d,
+                                int threads) {
+    return split_scale_of(split_max_abs(a, nb, nt, nh, d, threads));
 }
 
 /* Values e0 (row 2r) and e1 (row 2r + 1) of 16 columns (P or dS) -> row r of their VNNI

@@ -876,6 +876,36 @@ size_t fa_cpu_amx_bwd_ws(const fa_problem *p, int threads) {
     return FA_TM_WS_SLACK + (size_t)threads * bwd_layout(p, NULL, &b) * sizeof(float);
 }
 
+/*
+ * The fp32 split scales of dO (*gmul) and V (*vmul), split_scale's, capped so that the sums
+ * they inflate stay finite: dS = P (dP - D) carries both, and |dP_ij|, |D_i| <= d max|dO|
+ * max|V| (Cauchy-Schwarz; O is a mean of V's rows), so |sum_j dS_ij K_j| <= 2 d max|dO| max|V|
+ * max|K| (the P of a row sum to 1) and |sum_i dS_ij Q_i| <= the same with max|Q| times the
+ * rows of the item. Where that bound times gmul vmul would pass 2^124 (FLT_MAX is ~2^128, and
+ * the three parts' partial sums need room), the larger scale is halved until it does not: a
+ * huge K with tiny dO and V (both scaled by 2^50) overflowed dQ otherwise, though the exact
+ * dQ is ~1e9 (test_special's split_scale_range). The scales stay >= 1, so the parts of an
+ * operand of ordinary size are those of no scaling.
+ */
+static void split_scales(const fa_problem *p, int threads, float *gmul, float *vmul) {
+    const int64_t nbq = p->cu_q ? 1 : p->batch, ntq = p->cu_q ? p->total_q : p->seqlen_q;
+    const int64_t nbk = p->cu_k ? 1 : p->batch, ntk = p->cu_k ? p->total_k : p->seqlen_k;
+    const int d = (int)p->d;
+    const float mg = split_max_abs(&p->dout, nbq, ntq, p->heads_q, d, threads);
+    const float mv = split_max_abs(&p->v, nbk, ntk, p->heads_kv, d, threads);
+    *gmul = split_scale_of(mg);
+    *vmul = split_scale_of(mv);
+    if (*gmul * *vmul == 1.0f) return;
+    const double mq = split_max_abs(&p->q, nbq, ntq, p->heads_q, d, threads);
+    const double mk = split_max_abs(&p->k, nbk, ntk, p->heads_kv, d, threads);
+    const double rows = (double)(p->group * item_rows(p));
+    const double sums = 2.0 * d * (double)mg * (double)mv * fmax(mk, mq * rows);
+    while ((double)*gmul * (double)*vmul * sums > 0x1p124 && (*gmul > 1.0f || *vmul > 1.0f)) {
+        if (*gmul >= *vmul) *gmul *= 0.5f;
+        else *vmul *= 0.5f;
+    }
+}
+
 void fa_cpu_amx_bwd(const fa_problem *p, void *ws, int threads) {
     if (threads < 1) threads = 1;
     float *base = fa_tm_align(ws);
@@ -885,12 +915,7 @@ void fa_cpu_amx_bwd(const fa_problem *p, void *ws, int threads) {
     amx_config_init(&cfg);
     const int64_t items = p->batch * p->heads_kv;
     float gmul = 1.0f, vmul = 1.0f;
-    if (p->dtype == FA_DTYPE_F32) {
-        gmul = split_scale(&p->dout, p->cu_q ? 1 : p->batch, p->cu_q ? p->total_q : p->seqlen_q,
-                           p->heads_q, (int)p->d, threads);
-        vmul = split_scale(&p->v, p->cu_k ? 1 : p->batch, p->cu_k ? p->total_k : p->seqlen_k,
-                           p->heads_kv, (int)p->d, threads);
-    }
+    if (p->dtype == FA_DTYPE_F32) split_scales(p, threads, &gmul, &vmul);
 #pragma omp parallel num_threads(threads)
     {
         float *mine = base + per_thread * (size_t)fa_tm_tid();
