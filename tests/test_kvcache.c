@@ -490,9 +490,9 @@ static void split_heuristic(void **state) {
     small_init(&s, 1, 4, 1, 100);
     assert_int_equal(splits_used(&s, 8, 0, &wq, &wu), 1);
     small_free(&s);
-    /* enough (batch, kv head) items to fill the threads */
+    /* enough items to fill the threads: one per sequence (a decode's kv heads share one) */
     small_init(&s, 2, 4, 2, 2000);
-    assert_int_equal(splits_used(&s, 4, 0, &wq, &wu), 1);
+    assert_int_equal(splits_used(&s, 2, 0, &wq, &wu), 1);
     small_free(&s);
 }
 

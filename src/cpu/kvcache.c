@@ -3,9 +3,11 @@
  * attention over the cache with an online softmax, split along the keys when the batch and
  * heads alone cannot keep the threads busy.
  *
- * A work item is one (sequence, kv head, tile of packed query rows, key chunk). The rows of a
- * tile are the seqlen_q positions of every query head that reads this kv head (GQA packing),
- * so each K/V row is loaded and widened to fp32 once for the whole group. Decoding has few
+ * A work item is one (sequence, block of kv heads, tile of packed query rows, key chunk). The
+ * rows of a tile are the seqlen_q positions of every query head that reads a kv head (GQA
+ * packing), so each K/V row is loaded and widened to fp32 once for the whole group; a decode's
+ * block holds as many kv heads as their rows fill a tile (head_block), each key tile read
+ * head after head, so the item consumes whole cache rows. Decoding has few
  * rows per item, and none of them is padding: the scores are dot products along the head
  * dim (decode_dot.h), written query-major, where the softmax reduces along contiguous rows,
  * and P V runs on exactly the item's rows (fa_tm_gemm_exact). A GQA group of 4 once filled
@@ -61,6 +63,28 @@ fa_cpu_tiles FA_ISA_FN(fa_cpu_kv_tiles)(void) {
 /* ---- the plan ---- */
 
 static int64_t row_tiles(const fa_problem *p) { return (p->seqlen_q * p->group + BQ - 1) / BQ; }
+
+/* Kv heads per work item. A decode's few rows per head leave room in a tile for several
+   heads, and their K and V rows lie side by side in the cache ([.., t, hk, d], paged too): an
+   item that reads every head's rows of a key tile in turn consumes whole cache rows, where one
+   head's item read a d-wide slice of each (256 of every 2048 bytes at 8 heads, d 128, f16),
+   which the prefetchers and the TLB follow poorly: 1.12-1.46x at 32k keys, f16 and bf16
+   (cpu.md, "Decode: kv heads per item"). A key tile's rows are in use until the block's last
+   head has read them, so the block's K and V tiles are kept to half a 512 KiB L2. */
+#define HEAD_BLOCK_BYTES (256 << 10)
+static int64_t head_block(const fa_problem *p) {
+    const int64_t rows = p->seqlen_q * p->group;
+    if (rows > BQ) return 1;
+    const int64_t tile = (int64_t)BK * p->d * (int64_t)fa_dtype_size(p->dtype) * 2;
+    int64_t hb = BQ / rows;
+    if (hb > HEAD_BLOCK_BYTES / tile) hb = HEAD_BLOCK_BYTES / tile;
+    if (hb > p->heads_kv) hb = p->heads_kv;
+    return hb > 1 ? hb : 1;
+}
+
+static int64_t head_blocks(const fa_problem *p) {
+    return (p->heads_kv + head_block(p) - 1) / head_block(p);
+}
 
 /* The first cache row sequence b attends to: its left padding (0 without cache_leftpad). */
 static inline int64_t kv_first(const fa_problem *p, int64_t b) {
@@ -131,7 +155,7 @@ fa_cpu_kv_plan FA_ISA_FN(fa_cpu_kv_plan_of)(const fa_problem *p, int threads) {
     fa_cpu_kv_plan pl;
     memset(&pl, 0, sizeof pl);
     pl.threads = threads < 1 ? 1 : threads;
-    int64_t units = p->batch * p->heads_kv * row_tiles(p);
+    int64_t units = p->batch * head_blocks(p) * row_tiles(p);
     pl.splits = p->num_splits > 0 ? p->num_splits : auto_splits(p, units, pl.threads);
     if (__builtin_mul_overflow(units, (int64_t)pl.splits, &pl.items)) pl.overflow = 1;
     kv_bufs unused;
@@ -192,13 +216,23 @@ static void append(const fa_problem *p, int threads) {
 
 /* ---- attention ---- */
 
-/* The packed rows of one item: row r is query position i[r] of query head h[r]. */
+/* The packed rows of one kv head of an item: row r is query position i[r] of query head h[r]
+   = hk group + g[r]. The positions, masks and key ranges are every head's; h and slope are
+   those of the head rows_head set last. */
 typedef struct kv_rows {
     fa_tm_qrows q;  /* visible keys of each row within the item's chunk, and their union */
-    int64_t i[BQ], h[BQ], diag[BQ];
+    int64_t i[BQ], g[BQ], h[BQ], diag[BQ];
     float slope[BQ];
     int alibi;
 } kv_rows;
+
+/* The query heads (and their ALiBi slopes) of the rows for kv head hk. */
+static void rows_head(kv_rows *R, const fa_problem *p, int64_t b, int64_t hk) {
+    for (int r = 0; r < R->q.n; r++) {
+        R->h[r] = hk * p->group + R->g[r];
+        R->slope[r] = fa_alibi_slope(p, b, R->h[r]);
+    }
+}
 
 /* Fills the rows of tile rt, then narrows them to chunk s of their union (BK-aligned). */
 static void rows_init(kv_rows *R, const fa_problem *p, int64_t b, int64_t hk, int64_t rt,
@@ -211,14 +245,14 @@ static void rows_init(kv_rows *R, const fa_problem *p, int64_t b, int64_t hk, in
     for (int r = 0; r < nr; r++) {
         const int64_t pr = r0 + r;
         R->i[r] = pr % sq;
-        R->h[r] = hk * p->group + pr / sq;
+        R->g[r] = pr / sq;
         R->diag[r] = R->i[r] + sk - sq;
-        R->slope[r] = fa_alibi_slope(p, b, R->h[r]);
         fa_row_keys(p, R->i[r], sq, sk, &R->q.lo[r], &R->q.hi[r]);
         /* rows before the left padding are no keys (and are never read) */
         if (R->q.lo[r] < kv_first(p, b)) R->q.lo[r] = kv_first(p, b);
     }
     fa_tm_qrows_bounds(&R->q);
+    rows_head(R, p, b, hk);
     const int64_t u0 = R->q.ulo, u1 = R->q.uhi;
     int64_t c0 = u0, c1 = u1;
     if (splits > 1 && u0 < u1) {
@@ -364,34 +398,52 @@ static void store_rows(const fa_problem *p, const kv_bufs *B, const kv_rows *R, 
     }
 }
 
+/* Kv head t's share of an item's buffers: its rows of q, o, m and l (the score tile and the
+   K/V tiles are reused head after head). */
+static kv_bufs head_bufs(const kv_bufs *B, int t, int nr, int dp) {
+    kv_bufs h = *B;
+    h.q += (ptrdiff_t)t * nr * dp;
+    h.o += (ptrdiff_t)t * nr * dp;
+    h.m += t * nr;
+    h.l += t * nr;
+    return h;
+}
+
 FA_TM_HOT
 static void kv_item(const fa_problem *p, int64_t w, int splits, float *ws, const kv_partials *pt) {
-    const int64_t nrt = row_tiles(p);
+    const int64_t nrt = row_tiles(p), nhb = head_blocks(p), hb = head_block(p);
     const int s = (int)(w % splits);
     const int64_t rt = w / splits % nrt, bh = w / splits / nrt;
-    const int64_t b = bh / p->heads_kv, hk = bh % p->heads_kv;
+    const int64_t b = bh / nhb, hk0 = bh % nhb * hb;
+    const int nh = (int)(p->heads_kv - hk0 < hb ? p->heads_kv - hk0 : hb);
     const fa_dtype dt = p->dtype;
     const size_t es = fa_dtype_size(dt);
     const int d = (int)p->d, dp = fa_tm_pad16(d);
-    /* FP8: Q's and K's descales join the softmax scale (1 for other dtypes) */
-    const float scale = p->scale * fa_descale(p, p->q_descale, b, hk) *
-                        fa_descale(p, p->k_descale, b, hk);
-    const float vd = fa_descale(p, p->v_descale, b, hk);
     kv_bufs B;
     kv_layout(d, ws, &B);
     kv_rows R;
-    rows_init(&R, p, b, hk, rt, s, splits);
+    rows_init(&R, p, b, hk0, rt, s, splits);
     const int nr = R.q.n;
-
-    for (int r = 0; r < nr; r++)
-        fa_tm_load_row(B.q + (ptrdiff_t)r * dp, fa_tm_row(&p->q, es, b, R.i[r], R.h[r]), dt, d,
-                       dp, 1.0f);
-    /* fused rotary: each query row rotated in fp32 as it is used (q itself is not written) */
-    if (p->rot_dim)
+    /* FP8: Q's and K's descales join the softmax scale (1 for other dtypes) */
+    float scale[BQ], vd[BQ];
+    for (int t = 0; t < nh; t++) {
+        const int64_t hk = hk0 + t;
+        scale[t] = p->scale * fa_descale(p, p->q_descale, b, hk) *
+                   fa_descale(p, p->k_descale, b, hk);
+        vd[t] = fa_descale(p, p->v_descale, b, hk);
+        if (t) rows_head(&R, p, b, hk);
+        float *q = B.q + (ptrdiff_t)t * nr * dp;
         for (int r = 0; r < nr; r++)
-            fa_rotary_row(B.q + (ptrdiff_t)r * dp, p, fa_rotary_q_pos(p, b, R.i[r]));
-    memset(B.o, 0, (size_t)nr * dp * sizeof(float));
-    for (int r = 0; r < nr; r++) {
+            fa_tm_load_row(q + (ptrdiff_t)r * dp, fa_tm_row(&p->q, es, b, R.i[r], R.h[r]), dt,
+                           d, dp, 1.0f);
+        /* fused rotary: each query row rotated in fp32 as it is used (q itself is not
+           written) */
+        if (p->rot_dim)
+            for (int r = 0; r < nr; r++)
+                fa_rotary_row(q + (ptrdiff_t)r * dp, p, fa_rotary_q_pos(p, b, R.i[r]));
+    }
+    memset(B.o, 0, (size_t)(nh * nr) * dp * sizeof(float));
+    for (int r = 0; r < nh * nr; r++) {
         B.m[r] = -INFINITY;
         B.l[r] = 0.0f;
     }
@@ -401,27 +453,40 @@ static void kv_item(const fa_problem *p, int64_t w, int splits, float *ws, const
         const int nk = R.q.uhi - j0 < BK ? (int)(R.q.uhi - j0) : BK;
         const int kind = fa_tm_classify(&R.q, j0, j0 + nk);
         if (kind == FA_TM_NONE) continue;
-        const float *kt = B.kf, *vt = B.vf;
-        ptrdiff_t ldk = dp, ldv = dp;
-        if (kv_in_place(p, b, hk, j0, nk, R.q.uhi, &kt, &vt)) {
-            ldk = (ptrdiff_t)p->k.st;
-            ldv = (ptrdiff_t)p->v.st;
-        } else {
-            load_kv(&B, p, b, hk, j0, nk, R.q.uhi);
-        }
-        fa_dd_scores(nr, nk, kt, ldk, B.q, dp, dp, B.s, BK, scale);
         rel_init(&rel, &R, j0);
-        fa_tm_scores_qmajor(B.s, NULL, nr, nk, &rel, 1.0f, p->softcap, 0.0f, kind == FA_TM_PARTIAL);
-        if (R.alibi) alibi_rows(B.s, &R, &rel, nk);
-        softmax_rows(&B, nr, nk, dp);
-        /* O[r][x] += sum_j P[r][j] V[j][x]; where the tile has a mask edge and V an Inf or
-           NaN, the masked keys are skipped (their P is 0, but 0 * Inf or NaN is NaN) */
-        if (kind == FA_TM_PARTIAL && !fa_tm_rows_finite(vt, nk, dp, ldv))
-            fa_tm_gemm_vis(nr, dp, nk, rel.lo, rel.hi, 0, B.s, BK, 1, vt, ldv, B.o, dp);
-        else
-            fa_tm_gemm_exact(nr, dp, nk, B.s, BK, 1, vt, ldv, B.o, dp);
+        /* the heads in turn: each reads its slice of the same cache rows */
+        for (int t = 0; t < nh; t++) {
+            const int64_t hk = hk0 + t;
+            const kv_bufs H = head_bufs(&B, t, nr, dp);
+            const float *kt = H.kf, *vt = H.vf;
+            ptrdiff_t ldk = dp, ldv = dp;
+            if (kv_in_place(p, b, hk, j0, nk, R.q.uhi, &kt, &vt)) {
+                ldk = (ptrdiff_t)p->k.st;
+                ldv = (ptrdiff_t)p->v.st;
+            } else {
+                load_kv(&H, p, b, hk, j0, nk, R.q.uhi);
+            }
+            fa_dd_scores(nr, nk, kt, ldk, H.q, dp, dp, H.s, BK, scale[t]);
+            fa_tm_scores_qmajor(H.s, NULL, nr, nk, &rel, 1.0f, p->softcap, 0.0f,
+                                kind == FA_TM_PARTIAL);
+            if (R.alibi) {
+                rows_head(&R, p, b, hk);
+                alibi_rows(H.s, &R, &rel, nk);
+            }
+            softmax_rows(&H, nr, nk, dp);
+            /* O[r][x] += sum_j P[r][j] V[j][x]; where the tile has a mask edge and V an Inf
+               or NaN, the masked keys are skipped (their P is 0, but 0 * Inf or NaN is NaN) */
+            if (kind == FA_TM_PARTIAL && !fa_tm_rows_finite(vt, nk, dp, ldv))
+                fa_tm_gemm_vis(nr, dp, nk, rel.lo, rel.hi, 0, H.s, BK, 1, vt, ldv, H.o, dp);
+            else
+                fa_tm_gemm_exact(nr, dp, nk, H.s, BK, 1, vt, ldv, H.o, dp);
+        }
     }
-    store_rows(p, &B, &R, b, s, splits, pt, vd);
+    for (int t = 0; t < nh; t++) {
+        const kv_bufs H = head_bufs(&B, t, nr, dp);
+        rows_head(&R, p, b, hk0 + t);
+        store_rows(p, &H, &R, b, s, splits, pt, vd[t]);
+    }
 }
 
 /* The merge of the splits' partials into out / lse, as fa_merge_attn would do it. */
