@@ -5,13 +5,12 @@
  *
  * A work item is one (sequence, block of kv heads, tile of packed query rows, key chunk). The
  * rows of a tile are the seqlen_q positions of every query head that reads a kv head (GQA
- * packing), so each K/V row is loaded and widened to fp32 once for the whole group; a decode's
- * block holds as many kv heads as their rows fill a tile (head_block), each key tile read
- * head after head, so the item consumes whole cache rows. Decoding has few
- * rows per item, and none of them is padding: the scores are dot products along the head
- * dim (decode_dot.h), written query-major, where the softmax reduces along contiguous rows,
- * and P V runs on exactly the item's rows (fa_tm_gemm_exact). A GQA group of 4 once filled
- * 4 of 16 score columns and 4 of 4 rows; of 1, 1 of 16 and 1 of 4.
+ * packing), so each K/V row is loaded and widened to fp32 once for the whole group; a
+ * decode's block holds several kv heads (head_block), each key tile read head after head.
+ * Decoding has few rows per head, and none of them is padding: the scores are dot products
+ * along the head dim (decode_dot.h), written query-major, where the softmax reduces along
+ * contiguous rows, and P V runs on exactly the head's rows (fa_tm_gemm_exact). A GQA group of
+ * 4 once filled 4 of 16 score columns and 4 of 4 rows; of 1, 1 of 16 and 1 of 4.
  *
  * Split-KV: with splits > 1 the key range of each item's rows is cut into BK-aligned chunks;
  * each chunk writes its normalised fp32 partial output and LSE into the workspace, and
@@ -66,11 +65,12 @@ static int64_t row_tiles(const fa_problem *p) { return (p->seqlen_q * p->group +
 
 /* Kv heads per work item. A decode's few rows per head leave room in a tile for several
    heads, and their K and V rows lie side by side in the cache ([.., t, hk, d], paged too): an
-   item that reads every head's rows of a key tile in turn consumes whole cache rows, where one
-   head's item read a d-wide slice of each (256 of every 2048 bytes at 8 heads, d 128, f16),
-   which the prefetchers and the TLB follow poorly: 1.12-1.46x at 32k keys, f16 and bf16
-   (cpu.md, "Decode: kv heads per item"). A key tile's rows are in use until the block's last
-   head has read them, so the block's K and V tiles are kept to half a 512 KiB L2. */
+   item that reads its heads' rows of a key tile one head after another consumes the block's
+   part of each cache row, where one head's item read a d-wide slice of each (256 of every
+   2048 bytes at 8 heads, d 128, f16), a stride the prefetchers and the TLB follow poorly:
+   1.03-1.41x at 32k keys (bench/results/cpu/decode.md). A key tile's rows are in use until
+   the block's last head has read them, so the block's K and V tiles are kept to half a
+   512 KiB L2. */
 #define HEAD_BLOCK_BYTES (256 << 10)
 static int64_t head_block(const fa_problem *p) {
     const int64_t rows = p->seqlen_q * p->group;
