@@ -884,7 +884,7 @@ size_t fa_cpu_amx_bwd_ws(const fa_problem *p, int threads) {
  * rows of the item. Where that bound times gmul vmul would pass 2^124 (FLT_MAX is ~2^128, and
  * the three parts' partial sums need room), the larger scale is halved until it does not: a
  * huge K with tiny dO and V (both scaled by 2^50) overflowed dQ otherwise, though the exact
- * dQ is ~1e9 (test_special's split_scale_range). The scales stay >= 1, so the parts of an
+ * dQ is ~1e8 (test_special's split_scale_range). The scales stay >= 1, so the parts of an
  * operand of ordinary size are those of no scaling.
  */
 static void split_scales(const fa_problem *p, int threads, float *gmul, float *vmul) {
