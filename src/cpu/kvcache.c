@@ -217,21 +217,17 @@ static void append(const fa_problem *p, int threads) {
 /* ---- attention ---- */
 
 /* The packed rows of one kv head of an item: row r is query position i[r] of query head h[r]
-   = hk group + g[r]. The positions, masks and key ranges are every head's; h and slope are
-   those of the head rows_head set last. */
+   = hk group + g[r]. The positions, masks and key ranges are every head's; h is that of the
+   head rows_head set last. */
 typedef struct kv_rows {
     fa_tm_qrows q;  /* visible keys of each row within the item's chunk, and their union */
     int64_t i[BQ], g[BQ], h[BQ], diag[BQ];
-    float slope[BQ];
     int alibi;
 } kv_rows;
 
-/* The query heads (and their ALiBi slopes) of the rows for kv head hk. */
-static void rows_head(kv_rows *R, const fa_problem *p, int64_t b, int64_t hk) {
-    for (int r = 0; r < R->q.n; r++) {
-        R->h[r] = hk * p->group + R->g[r];
-        R->slope[r] = fa_alibi_slope(p, b, R->h[r]);
-    }
+/* The query heads of the rows for kv head hk. */
+static void rows_head(kv_rows *R, const fa_problem *p, int64_t hk) {
+    for (int r = 0; r < R->q.n; r++) R->h[r] = hk * p->group + R->g[r];
 }
 
 /* Fills the rows of tile rt, then narrows them to chunk s of their union (BK-aligned). */
@@ -252,7 +248,7 @@ static void rows_init(kv_rows *R, const fa_problem *p, int64_t b, int64_t hk, in
         if (R->q.lo[r] < kv_first(p, b)) R->q.lo[r] = kv_first(p, b);
     }
     fa_tm_qrows_bounds(&R->q);
-    rows_head(R, p, b, hk);
+    rows_head(R, p, hk);
     const int64_t u0 = R->q.ulo, u1 = R->q.uhi;
     int64_t c0 = u0, c1 = u1;
     if (splits > 1 && u0 < u1) {
@@ -279,10 +275,11 @@ FA_TM_INLINE void rel_init(fa_tm_rel *rel, const kv_rows *R, int64_t j0) {
 
 /* ALiBi with a slope per row (the rows of a tile belong to several heads). Masked scores are
    -inf already and stay so. */
-FA_TM_INLINE void alibi_rows(float *restrict sm, const kv_rows *R, const fa_tm_rel *rel, int nk) {
-    for (int r = 0; r < R->q.n; r++) {
+FA_TM_INLINE void alibi_rows(float *restrict sm, const float *slope, int nr, const fa_tm_rel *rel,
+                             int nk) {
+    for (int r = 0; r < nr; r++) {
         float *restrict s = sm + (ptrdiff_t)r * BK;
-        const float sl = R->slope[r], dg = rel->diag[r];
+        const float sl = slope[r], dg = rel->diag[r];
         FA_TM_SIMD
         for (int j = 0; j < nk; j++) /* in double, rounded once: see tile_math.h */
             s[j] = (float)((double)s[j] - (double)sl * fabsf(dg - (float)j));
@@ -425,13 +422,14 @@ static void kv_item(const fa_problem *p, int64_t w, int splits, float *ws, const
     rows_init(&R, p, b, hk0, rt, s, splits);
     const int nr = R.q.n;
     /* FP8: Q's and K's descales join the softmax scale (1 for other dtypes) */
-    float scale[BQ], vd[BQ];
+    float scale[BQ], vd[BQ], slope[BQ]; /* slope: per row of every head, t nr + r */
     for (int t = 0; t < nh; t++) {
         const int64_t hk = hk0 + t;
         scale[t] = p->scale * fa_descale(p, p->q_descale, b, hk) *
                    fa_descale(p, p->k_descale, b, hk);
         vd[t] = fa_descale(p, p->v_descale, b, hk);
-        if (t) rows_head(&R, p, b, hk);
+        if (t) rows_head(&R, p, hk);
+        for (int r = 0; r < nr; r++) slope[t * nr + r] = fa_alibi_slope(p, b, R.h[r]);
         float *q = B.q + (ptrdiff_t)t * nr * dp;
         for (int r = 0; r < nr; r++)
             fa_tm_load_row(q + (ptrdiff_t)r * dp, fa_tm_row(&p->q, es, b, R.i[r], R.h[r]), dt,
@@ -469,10 +467,7 @@ static void kv_item(const fa_problem *p, int64_t w, int splits, float *ws, const
             fa_dd_scores(nr, nk, kt, ldk, H.q, dp, dp, H.s, BK, scale[t]);
             fa_tm_scores_qmajor(H.s, NULL, nr, nk, &rel, 1.0f, p->softcap, 0.0f,
                                 kind == FA_TM_PARTIAL);
-            if (R.alibi) {
-                rows_head(&R, p, b, hk);
-                alibi_rows(H.s, &R, &rel, nk);
-            }
+            if (R.alibi) alibi_rows(H.s, slope + t * nr, nr, &rel, nk);
             softmax_rows(&H, nr, nk, dp);
             /* O[r][x] += sum_j P[r][j] V[j][x]; where the tile has a mask edge and V an Inf
                or NaN, the masked keys are skipped (their P is 0, but 0 * Inf or NaN is NaN) */
@@ -484,7 +479,7 @@ static void kv_item(const fa_problem *p, int64_t w, int splits, float *ws, const
     }
     for (int t = 0; t < nh; t++) {
         const kv_bufs H = head_bufs(&B, t, nr, dp);
-        rows_head(&R, p, b, hk0 + t);
+        rows_head(&R, p, hk0 + t);
         store_rows(p, &H, &R, b, s, splits, pt, vd[t]);
     }
 }
