@@ -586,9 +586,9 @@ static void scale_case(fa_dtype dt, float scale, double mq, double mk, double mv
     const double tol = dt == FA_DTYPE_F32 ? 1e-3 : 3e-2;
     /* a gradient under the dtype's smallest subnormal stores as 0 or it: off by up to that */
     const double tiny = dt == FA_DTYPE_F32 ? 0x1p-149 : 0x1p-133;
-    const double *got[] = {p.dq, p.dk, p.dv}, *want[] = {ref.dq, ref.dk, ref.dv};
-    static const char *name[] = {"dQ", "dK", "dV"};
-    for (int g = 0; g < 3; g++) {
+    const double *got[] = {p.o, p.dq, p.dk, p.dv}, *want[] = {ref.o, ref.dq, ref.dk, ref.dv};
+    static const char *name[] = {"O", "dQ", "dK", "dV"};
+    for (int g = 0; g < 4; g++) {
         double big = 0;
         for (int64_t i = 0; i < n * d; i++) big = fmax(big, fabs(want[g][i]));
         for (int64_t i = 0; i < n * d; i++)
@@ -621,9 +621,10 @@ static void scale_extremes(void **state) {
 
 /* A huge K with tiny dO and V: the exact dQ is ~1e8, but the amx level's fp32 backward scales
    dO and V by 2^50 each before its split, and dS carries both into sum dS K (K ~3e38), which
-   would overflow without split_scales' cap (bwd_amx.c). Q of 2^-126 to 2^-125 (normal, so
-   AMX reads it; no zeros) keeps the scores near 1, so the softmax is not one-hot and dS is not
-   only rounding noise. Every level runs it. */
+   would overflow without split_muls_of's cap (bwd_amx.c). Q of 2^-126 to 2^-125 (no zeros)
+   keeps the scores near 1, so the softmax is not one-hot and dS is not only rounding noise;
+   Q's split parts under 2^-126 read as zero at the amx level unless Q is scaled too
+   (split_qk_scales; without, dQ erred 1e-3 of its size). Every level runs it. */
 static void split_scale_range(void **state) {
     (void)state;
     static const fa_dtype dts[] = {FA_DTYPE_F32, FA_DTYPE_BF16};

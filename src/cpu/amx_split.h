@@ -20,8 +20,8 @@
  * lo*lo) has a lo factor, so their errors cancel along a dot product. Truncated, lo would
  * have the sign of x, the dropped products the sign of the product, a bias that adds up
  * (cpu.md). Parts below 2^-126 are subnormal in bf16, which AMX reads as zero: values under
- * ~2^-110 lose their lo part (cpu.md says when that shows),
- * hence split_scale for the operands whose size the attention does not fix (V, dO).
+ * ~2^-110 lose their lo part (cpu.md says when that shows), hence split_scale for V and dO
+ * and split_qk_scales for Q and K.
  */
 #ifndef FA_CPU_AMX_SPLIT_H
 #define FA_CPU_AMX_SPLIT_H
@@ -137,6 +137,31 @@ static inline float split_scale_of(float mx) {
 static inline float split_scale(const fa_operand *a, int64_t nb, int64_t nt, int64_t nh, int d,
                                 int threads) {
     return split_scale_of(split_max_abs(a, nb, nt, nh, d, threads));
+}
+
+/*
+ * The split scales of Q and K (fp32, forward and backward). A Q or K under ~2^-110 loses split
+ * parts as V does, and S = Q K^T then keeps 8 to 16 bits of each product: Q of 2^-126 against
+ * K near FLT_MAX (scores of size 1) erred 1e-3 of dQ's size at the backward's amx level
+ * (test_special's split_scale_range). So Q and K are multiplied by *qmul and *kmul (powers of
+ * two from their maxima mq, mk, as split_scale_of) and the scores' scale becomes
+ * *sscale = scale / (qmul kmul): sscale (Q qmul)(K kmul)^T is scale Q K^T wherever no part
+ * was lost. Capped (the larger halved, both >= 1) so that d (mq qmul)(mk kmul) <= 2^124 (the
+ * dot products stay finite) and sscale is a normal float (then exact).
+ */
+static inline void split_qk_scales(double mq, double mk, int d, float scale, float *qmul,
+                                   float *kmul, float *sscale) {
+    *qmul = split_scale_of((float)mq);
+    *kmul = split_scale_of((float)mk);
+    for (;;) {
+        const double qk = (double)*qmul * (double)*kmul;
+        if (qk == 1.0 ||
+            ((double)d * mq * mk * qk <= 0x1p124 && (double)fabsf(scale) / qk >= 0x1p-126))
+            break;
+        if (*qmul >= *kmul) *qmul *= 0.5f;
+        else *kmul *= 0.5f;
+    }
+    *sscale = (float)((double)scale / ((double)*qmul * (double)*kmul));
 }
 
 /* Values e0 (row 2r) and e1 (row 2r + 1) of 16 columns (P or dS) -> row r of their VNNI

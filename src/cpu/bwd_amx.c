@@ -89,6 +89,12 @@ typedef struct part_strides {
     size_t stg; /* stg (bf16) */
 } part_strides;
 
+/* fp32: the powers of two Q, K, V and dO are multiplied by before they are split, and the
+   scores' scale for the scaled Q and K (split_muls_of); all 1 and the softmax scale for bf16. */
+typedef struct split_muls {
+    float q, k, v, g, sscale;
+} split_muls;
+
 typedef struct bwd_bufs {
     /* the work item's query side: nrows rows per query head of the group */
     uint16_t *qr, *dor; /* group x nrows x dp: Q and dO rows, zero padded */
@@ -109,7 +115,7 @@ typedef struct bwd_bufs {
                             rows of a run of QG query tiles */
     uint16_t *dsr;       /* 2 x BQ x BK: dS rows, two tile pairs' (see key_group) */
     int parts;
-    float gmul, vmul;    /* dO, V times these before the split (split_scale; 1 for bf16) */
+    split_muls mul;      /* the operands' split scales and the scores' scale */
     part_strides ps;
 } bwd_bufs;
 
@@ -178,8 +184,9 @@ FA_TM_INLINE __m512 load16(const void *s, int n, int f32) {
     return _mm512_maskz_loadu_ps(m, s);
 }
 
-/* D = rowsum(dO * O) of one row, in fp32, times gmul vmul as dP is: O times vmul and dO
-   times gmul before the products (exact, and no product of two tiny values flushed). */
+/* D = rowsum(dO * O) of one row, in fp32, times gmul vmul (the split scales of dO and V) as dP
+   is: O times vmul and dO times gmul before the products (exact, and no product of two tiny
+   values flushed). */
 static float row_dot(const void *o, const void *g, int d, int f32, float vmul, float gmul) {
     const size_t es = f32 ? 4 : 2;
     const __m512 vm = _mm512_set1_ps(vmul), gm = _mm512_set1_ps(gmul);
@@ -228,11 +235,12 @@ static void pack_queries(const fa_problem *p, const bwd_bufs *B, int64_t b, int6
             }
             if (i < sq) {
                 const void *g = fa_tm_row(&p->dout, es, bq, q0 + i, h);
-                put_row(qr + (size_t)i * dp, ps, fa_tm_row(&p->q, es, bq, q0 + i, h), parts, d,
-                        dp);
-                put_row_mul(dor + (size_t)i * dp, ps, g, parts, d, dp, B->gmul);
+                put_row_mul(qr + (size_t)i * dp, ps, fa_tm_row(&p->q, es, bq, q0 + i, h), parts, d,
+                            dp, B->mul.q);
+                put_row_mul(dor + (size_t)i * dp, ps, g, parts, d, dp, B->mul.g);
                 lse[i] = lse_ref(p, b, h, q0 + i);
-                dd[i] = row_dot(fa_tm_row(&p->o, es, bq, q0 + i, h), g, d, f32, B->vmul, B->gmul);
+                dd[i] = row_dot(fa_tm_row(&p->o, es, bq, q0 + i, h), g, d, f32, B->mul.v,
+                                B->mul.g);
             } else { /* padding rows: zero operands, P = 0 */
                 put_row(qr + (size_t)i * dp, ps, NULL, parts, d, dp);
                 put_row(dor + (size_t)i * dp, ps, NULL, parts, d, dp);
@@ -289,7 +297,7 @@ static void stage_keys(const fa_problem *p, const bwd_bufs *B, const fa_operand 
 static void pack_keys(const fa_problem *p, const bwd_bufs *B, const kt_bufs *K, int64_t bk,
                       int64_t t0, int nk, int64_t hk, int dp) {
     const size_t ps = B->ps.stg, pk = B->ps.kv;
-    stage_keys(p, B, &p->k, bk, t0, nk, hk, dp, 1.0f);
+    stage_keys(p, B, &p->k, bk, t0, nk, hk, dp, B->mul.k);
     const __m512i idx = interleave_idx(32);
     for (int k = 0; k < B->parts; k++) {
         const uint16_t *stg = B->stg + k * ps;
@@ -304,7 +312,7 @@ static void pack_keys(const fa_problem *p, const bwd_bufs *B, const kt_bufs *K, 
                 _mm512_storeu_si512(kp + (size_t)r * dp + x, _mm512_permutex2var_epi16(a, idx, c));
             }
     }
-    stage_keys(p, B, &p->v, bk, t0, nk, hk, dp, B->vmul);
+    stage_keys(p, B, &p->v, bk, t0, nk, hk, dp, B->mul.v);
     for (int k = 0; k < B->parts; k++) dword_transpose(K->vvn + k * pk, B->stg + k * ps, dp);
 }
 
@@ -652,14 +660,14 @@ static void tile_pair(const fa_problem *p, const bwd_bufs *B, const kt_bufs *K,
     fa_tm_rel rel;
     if (transform) {
         fa_tm_rel_init(&rel, rows, at->j0);
-        fa_tm_scores_qmajor(B->s, cap > 0 ? B->g : NULL, at->nq, at->nk, &rel, p->scale, cap,
-                            slope, partial);
+        fa_tm_scores_qmajor(B->s, cap > 0 ? B->g : NULL, at->nq, at->nk, &rel, B->mul.sscale,
+                            cap, slope, partial);
     }
     const size_t slot = (size_t)at->slot * BQ / 2 * BK;
     uint16_t *dsr = B->dsr + (size_t)*cur * B->parts * BQ * BK;
     build_job bj = {B->pp + slot, B->dsp + slot, dsr, B->lse + row0, B->dd + row0,
                     partial ? rel.lo : NULL, partial ? rel.hi : NULL,
-                    at->nq, nq32, at->nk, nk32, cap > 0, transform ? 1.0f : p->scale,
+                    at->nq, nq32, at->nk, nk32, cap > 0, transform ? 1.0f : B->mul.sscale,
                     fa_tm_ds_pre(p->scale), 0};
     dq_job mine;
     mine.dq = B->dq + (size_t)row0 * dp;
@@ -712,13 +720,14 @@ static void run_products(const fa_problem *p, const bwd_bufs *B, const kt_bufs *
     trans_times_pairs(B, K->dkt, B->qt + t0, B->dsp, rows32, nk32, dp);
 }
 
-/* A gradient row src (overwritten) times mul and unscale (undoing gmul and vmul), in double
-   and rounded once: in fp32 either order can fail, src * mul overflowing where unscale then
-   brings it back (a huge scale with a tiny V: vmul 2^63; fuzz finding crash-29b28e08) and
-   src * unscale going subnormal and losing bits that mul would have kept. */
-static void store_grad_row(void *dst, fa_dtype dt, float *src, int d, float mul, float unscale) {
-    if (unscale != 1.0f) {
-        const double m = (double)mul * (double)unscale; /* exact: unscale is a power of two */
+/* A gradient row src (overwritten) times mul and unscale (undoing the split scales, down to
+   2^-189: a double), in double and rounded once: in fp32 either order can fail, src * mul
+   overflowing where unscale then brings it back (a huge scale with a tiny V: vmul 2^63; fuzz
+   finding crash-29b28e08) and src * unscale going subnormal and losing bits that mul would
+   have kept. */
+static void store_grad_row(void *dst, fa_dtype dt, float *src, int d, float mul, double unscale) {
+    if (unscale != 1.0) {
+        const double m = (double)mul * unscale; /* exact: unscale is a power of two */
         for (int x = 0; x < d; x++) src[x] = (float)((double)src[x] * m);
         mul = 1.0f;
     }
@@ -729,7 +738,7 @@ static void store_grad_row(void *dst, fa_dtype dt, float *src, int d, float mul,
    and unscale (store_grad_row). */
 static void store_keys(const fa_problem *p, const bwd_bufs *B, const float *acc,
                        const fa_operand *dst, int64_t bk, int64_t t0, int nk, int64_t hk,
-                       float mul, float unscale) {
+                       float mul, double unscale) {
     const int d = (int)p->d, dp = pad32(d);
     for (int j0 = 0; j0 < nk; j0 += 16)
         for (int x0 = 0; x0 < dp; x0 += 16) {
@@ -800,18 +809,18 @@ static void key_group(const fa_problem *p, const bwd_bufs *B, int64_t b, int64_t
 }
 
 FA_TM_HOT
-static void amx_bwd_item(const fa_problem *p, int64_t b, int64_t hk, float *ws, float gmul,
-                         float vmul) {
+static void amx_bwd_item(const fa_problem *p, int64_t b, int64_t hk, float *ws,
+                         const split_muls *mul) {
     int64_t q0, sq, k0, sk;
     fa_seq_bounds(p, b, &q0, &sq, &k0, &sk);
     const int d = (int)p->d, dp = pad32(d);
     const int64_t nr = item_rows(p), bq = p->cu_q ? 0 : b, bk = p->cu_k ? 0 : b;
-    /* dS (so dQ, dK) carries both factors, dV dO's */
-    const float un_s = 1.0f / (gmul * vmul), un_v = 1.0f / gmul;
+    /* dS carries dO's and V's factors, dQ also K's, dK Q's; dV dO's */
+    const double un_s = 1.0 / ((double)mul->g * mul->v), un_v = 1.0 / mul->g;
+    const double un_q = un_s / mul->k, un_k = un_s / mul->q;
     bwd_bufs B;
     bwd_layout(p, ws, &B);
-    B.gmul = gmul;
-    B.vmul = vmul;
+    B.mul = *mul;
     /* the stores without FTZ (amx_split.h): a gradient divided by the scales is subnormal
        where plain fp32's is, and must round there, not flush */
     const unsigned csr = _mm_getcsr(), csr_store = csr & ~0x8000u;
@@ -833,7 +842,7 @@ static void amx_bwd_item(const fa_problem *p, int64_t b, int64_t hk, float *ws, 
         for (int t = 0; t < n; t++) {
             const int64_t jt = k0 + j0 + t * BK;
             store_keys(p, &B, B.kt[t].dkt, &p->dk, bk, jt, nk[t], hk, fa_tm_ds_post(p->scale),
-                       un_s);
+                       un_k);
             store_keys(p, &B, B.kt[t].dvt, &p->dv, bk, jt, nk[t], hk, 1.0f, un_v);
         }
         _mm_setcsr(csr);
@@ -844,7 +853,7 @@ static void amx_bwd_item(const fa_problem *p, int64_t b, int64_t hk, float *ws, 
             store_grad_row(fa_tm_row(&p->dq, fa_dtype_size(p->dtype), bq, q0 + i,
                                      hk * p->group + r),
                            p->dtype, B.dq + (size_t)(r * nr + i) * dp, d,
-                           fa_tm_ds_post(p->scale), un_s);
+                           fa_tm_ds_post(p->scale), un_q);
     _mm_setcsr(csr);
 }
 
@@ -877,33 +886,47 @@ size_t fa_cpu_amx_bwd_ws(const fa_problem *p, int threads) {
 }
 
 /*
- * The fp32 split scales of dO (*gmul) and V (*vmul), split_scale's, capped so that the sums
- * they inflate stay finite: dS = P (dP - D) carries both, and |dP_ij|, |D_i| <= d max|dO|
- * max|V| (Cauchy-Schwarz; O is a mean of V's rows), so |sum_j dS_ij K_j| <= 2 d max|dO| max|V|
- * max|K| (the P of a row sum to 1) and |sum_i dS_ij Q_i| <= the same with max|Q| times the
- * rows of the item. Where that bound times gmul vmul would pass 2^124 (FLT_MAX is ~2^128, and
- * the three parts' partial sums need room), the larger scale is halved until it does not: a
- * huge K with tiny dO and V (both scaled by 2^50) overflowed dQ otherwise, though the exact
- * dQ is ~1e8 (test_special's split_scale_range). The scales stay >= 1, so the parts of an
- * operand of ordinary size are those of no scaling.
+ * The fp32 split scales: Q's and K's with the scores' scale (split_qk_scales), dO's and V's
+ * split_scale's, capped so that the sums they inflate stay finite: dS = P (dP - D) carries
+ * dO's and V's, and |dP_ij|, |D_i| <= d max|dO| max|V| (Cauchy-Schwarz; O is a mean of V's
+ * rows), so |sum_j dS_ij K_j| <= 2 d max|dO| max|V| max|K| (the P of a row sum to 1), times
+ * K's scale, and |sum_i dS_ij Q_i| <= the same with max|Q| and Q's scale times the rows of
+ * the item. Where that bound times gmul vmul would pass 2^124 (FLT_MAX is ~2^128, and the
+ * three parts' partial sums need room), the larger of dO's and V's scales is halved until it
+ * does not (then K's and Q's, should those alone pass it): a huge K with tiny dO and V (both
+ * scaled by 2^50) overflowed dQ otherwise, though the exact dQ is ~1e8 (test_special's
+ * split_scale_range). The scales stay >= 1, so the parts of an operand of ordinary size are
+ * those of no scaling.
  */
-static void split_scales(const fa_problem *p, int threads, float *gmul, float *vmul) {
+static split_muls split_muls_of(const fa_problem *p, int threads) {
     const int64_t nbq = p->cu_q ? 1 : p->batch, ntq = p->cu_q ? p->total_q : p->seqlen_q;
     const int64_t nbk = p->cu_k ? 1 : p->batch, ntk = p->cu_k ? p->total_k : p->seqlen_k;
     const int d = (int)p->d;
-    const float mg = split_max_abs(&p->dout, nbq, ntq, p->heads_q, d, threads);
-    const float mv = split_max_abs(&p->v, nbk, ntk, p->heads_kv, d, threads);
-    *gmul = split_scale_of(mg);
-    *vmul = split_scale_of(mv);
-    if (*gmul * *vmul == 1.0f) return;
+    split_muls m = {1.0f, 1.0f, 1.0f, 1.0f, p->scale};
+    if (p->dtype != FA_DTYPE_F32) return m;
+    const double mg = split_max_abs(&p->dout, nbq, ntq, p->heads_q, d, threads);
+    const double mv = split_max_abs(&p->v, nbk, ntk, p->heads_kv, d, threads);
     const double mq = split_max_abs(&p->q, nbq, ntq, p->heads_q, d, threads);
     const double mk = split_max_abs(&p->k, nbk, ntk, p->heads_kv, d, threads);
+    m.g = split_scale_of((float)mg);
+    m.v = split_scale_of((float)mv);
+    split_qk_scales(mq, mk, d, p->scale, &m.q, &m.k, &m.sscale);
     const double rows = (double)(p->group * item_rows(p));
-    const double sums = 2.0 * d * (double)mg * (double)mv * fmax(mk, mq * rows);
-    while ((double)*gmul * (double)*vmul * sums > 0x1p124 && (*gmul > 1.0f || *vmul > 1.0f)) {
-        if (*gmul >= *vmul) *gmul *= 0.5f;
-        else *vmul *= 0.5f;
+    for (;;) {
+        const double sums = 2.0 * d * mg * m.g * mv * m.v * fmax(mk * m.k, mq * m.q * rows);
+        if (!(sums > 0x1p124)) break;
+        if (m.g > 1.0f || m.v > 1.0f) {
+            if (m.g >= m.v) m.g *= 0.5f;
+            else m.v *= 0.5f;
+        } else if (m.q > 1.0f || m.k > 1.0f) {
+            if (m.q >= m.k) m.q *= 0.5f;
+            else m.k *= 0.5f;
+            m.sscale = (float)((double)p->scale / ((double)m.q * m.k));
+        } else {
+            break;
+        }
     }
+    return m;
 }
 
 void fa_cpu_amx_bwd(const fa_problem *p, void *ws, int threads) {
@@ -914,8 +937,7 @@ void fa_cpu_amx_bwd(const fa_problem *p, void *ws, int threads) {
     amx_config cfg;
     amx_config_init(&cfg);
     const int64_t items = p->batch * p->heads_kv;
-    float gmul = 1.0f, vmul = 1.0f;
-    if (p->dtype == FA_DTYPE_F32) split_scales(p, threads, &gmul, &vmul);
+    const split_muls mul = split_muls_of(p, threads);
 #pragma omp parallel num_threads(threads)
     {
         float *mine = base + per_thread * (size_t)fa_tm_tid();
@@ -926,7 +948,7 @@ void fa_cpu_amx_bwd(const fa_problem *p, void *ws, int threads) {
         const unsigned csr = split_mxcsr_enter();
 #pragma omp for schedule(dynamic)
         for (int64_t w = 0; w < items; w++)
-            amx_bwd_item(p, w / p->heads_kv, w % p->heads_kv, mine, gmul, vmul);
+            amx_bwd_item(p, w / p->heads_kv, w % p->heads_kv, mine, &mul);
         split_mxcsr_leave(csr);
         _tile_release();
     }

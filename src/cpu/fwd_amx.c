@@ -40,7 +40,7 @@ static size_t pack_bytes(const fa_problem *p) {
 static void pack_block(const fa_problem *p, const amx_pack *pk, uint16_t *stg, int64_t b,
                        int64_t hk, int64_t j) {
     const size_t off = (size_t)(hk * pk->rows + pack_row0(p, b) + j) * (size_t)pk->dp;
-    pack_block_to(p, stg, b, hk, j, pk->k + off, pk->vt + off, pk->dp, 1, 1.0f);
+    pack_block_to(p, stg, b, hk, j, pk->k + off, pk->vt + off, pk->dp, 1, 1.0f, 1.0f);
 }
 
 /* ---- one work item ---- */
@@ -81,7 +81,7 @@ static void amx_item(const fa_problem *p, const amx_pack *pk, int64_t b, int64_t
     fa_tm_qrows_init(&q, p, i0, nq, sq, sk);
     const fa_tm_qrows *rows = &q;
 
-    load_q(p, &B, bq, q0 + i0, h, nq, nq32, dp, parts);
+    load_q(p, &B, bq, q0 + i0, h, nq, nq32, dp, parts, 1.0f);
     memset(B.ot, 0, (size_t)dp * BQ * sizeof(float));
     for (int i = 0; i < BQ; i++) {
         B.m[i] = -INFINITY;

@@ -37,17 +37,31 @@ static size_t split_layout(int dp, float *base, split_ws *w) {
     return off;
 }
 
-/* The power of two V is multiplied by before it is split, O divided by as it is stored
-   (amx_split.h's split_scale: V * 2^-120 erred 0.023 at O's scale without it). */
-static float v_scale(const fa_problem *p, int threads) {
-    const int64_t nb = p->cu_k ? 1 : p->batch, nt = p->cu_k ? p->total_k : p->seqlen_k;
-    return split_scale(&p->v, nb, nt, p->heads_kv, (int)p->d, threads);
+/* The powers of two the operands are multiplied by before they are split (amx_split.h: parts
+   under 2^-126 read as zero): V's, O divided by it as it is stored (V * 2^-120 erred 0.023 at
+   O's scale without it), and Q's and K's, the scores' scale divided by both
+   (split_qk_scales), which *sscale returns. */
+typedef struct f32_muls {
+    float q, k, v;
+} f32_muls;
+
+static f32_muls f32_muls_of(const fa_problem *p, int threads, float *sscale) {
+    const int64_t nbq = p->cu_q ? 1 : p->batch, ntq = p->cu_q ? p->total_q : p->seqlen_q;
+    const int64_t nbk = p->cu_k ? 1 : p->batch, ntk = p->cu_k ? p->total_k : p->seqlen_k;
+    const int d = (int)p->d;
+    f32_muls m;
+    m.v = split_scale(&p->v, nbk, ntk, p->heads_kv, d, threads);
+    split_qk_scales(split_max_abs(&p->q, nbq, ntq, p->heads_q, d, threads),
+                    split_max_abs(&p->k, nbk, ntk, p->heads_kv, d, threads), d, p->scale, &m.q,
+                    &m.k, sscale);
+    return m;
 }
 
-/* Query tiles t0 .. t0 + GQ - 1 of head h of sequence b; V is split times vmul (v_scale). */
+/* Query tiles t0 .. t0 + GQ - 1 of head h of sequence b; Q, K and V are split times mul's
+   (p's scale is then the scores', f32_muls_of). */
 FA_TM_HOT
 static void split_item(const fa_problem *p, int64_t b, int64_t h, int64_t t0, const split_ws *w,
-                       int dp, float vmul) {
+                       int dp, const f32_muls *mul) {
     int64_t q0, sq, k0, sk;
     fa_seq_bounds(p, b, &q0, &sq, &k0, &sk);
     const int parts = SPLIT_PARTS;
@@ -62,7 +76,7 @@ static void split_item(const fa_problem *p, int64_t b, int64_t h, int64_t t0, co
         nq[n] = sq - i0 < BQ ? (int)(sq - i0) : BQ;
         nq32[n] = pad32(nq[n]);
         fa_tm_qrows_init(&q[n], p, i0, nq[n], sq, sk);
-        load_q(p, B, bq, q0 + i0, h, nq[n], nq32[n], dp, parts);
+        load_q(p, B, bq, q0 + i0, h, nq[n], nq32[n], dp, parts, mul->q);
         memset(B->ot, 0, (size_t)dp * BQ * sizeof(float));
         for (int i = 0; i < BQ; i++) {
             B->m[i] = -INFINITY;
@@ -94,7 +108,8 @@ static void split_item(const fa_problem *p, int64_t b, int64_t h, int64_t t0, co
         AMX_FENCE();
         for (int j = 0; j < nk; j += KS) {
             const size_t off = (size_t)j * dp * parts;
-            pack_block_to(p, w->b[0].stg, b, hk, j0 + j, w->k + off, w->vt + off, dp, parts, vmul);
+            pack_block_to(p, w->b[0].stg, b, hk, j0 + j, w->k + off, w->vt + off, dp, parts,
+                          mul->k, mul->v);
         }
         /* the next tile's rows, a share per query tile that runs */
         int runs = 0;
@@ -110,14 +125,14 @@ static void split_item(const fa_problem *p, int64_t b, int64_t h, int64_t t0, co
     }
     AMX_FENCE();
     float *lse = (float *)p->lse;
-    /* the stores without FTZ: O / vmul is subnormal where O is, and rounds there as plain
+    /* the stores without FTZ: O / mul->v is subnormal where O is, and rounds there as plain
        fp32 does instead of flushing (V * 2^-120: 2^-6 errors at O's scale with FTZ) */
     const unsigned csr = _mm_getcsr();
     _mm_setcsr(csr & ~0x8000u);
     for (int g = 0; g < n; g++) {
         const int64_t i0 = (t0 + g) * BQ;
         const fa_tm_qrows *rows = &q[g];
-        store_out(p, &w->b[g], rows, bq, q0 + i0, h, nq[g], 1.0f / vmul);
+        store_out(p, &w->b[g], rows, bq, q0 + i0, h, nq[g], 1.0f / mul->v);
         /* m + log(l) in double: under the lazy max (fwd_amx_tile.h) m can lie up to LAZY below
            the row's max, and logf(l) of such an l (up to e^8 n) would err by half an ulp of
            a number near 8, twice what LSE itself needs, which the backward's P = exp(s - LSE)
@@ -148,7 +163,9 @@ void fa_cpu_amx_f32_fwd(const fa_problem *p, void *ws, int threads) {
     const int64_t ntq = (p->seqlen_q + BQ - 1) / BQ; /* varlen: the longest sequence */
     const int64_t ng = (ntq + GQ - 1) / GQ;
     const int64_t items = p->batch * p->heads_q * ng;
-    const float vmul = v_scale(p, threads);
+    /* the items see the scores' scale for the scaled Q and K (f32_muls_of) */
+    fa_problem ps = *p;
+    const f32_muls mul = f32_muls_of(p, threads, &ps.scale);
 #pragma omp parallel num_threads(threads)
     {
         split_ws w;
@@ -160,7 +177,7 @@ void fa_cpu_amx_f32_fwd(const fa_problem *p, void *ws, int threads) {
         for (int64_t it = 0; it < items; it++) {
             /* last tiles first: under a causal mask they are the longest */
             const int64_t g = ng - 1 - it % ng, bh = it / ng;
-            split_item(p, bh / p->heads_q, bh % p->heads_q, g * GQ, &w, dp, vmul);
+            split_item(&ps, bh / p->heads_q, bh % p->heads_q, g * GQ, &w, dp, &mul);
         }
         split_mxcsr_leave(csr);
         _tile_release();

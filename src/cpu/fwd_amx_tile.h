@@ -97,10 +97,11 @@ AMX_FN void transpose_v(uint16_t *restrict dst, const uint16_t *restrict stg, in
 
 
 /* Keys [j, j + 32) of kv head hk of sequence b (rows past its end zero) -> kd: per part, 32
-   rows of dp; vtd: per part, V^T (dp rows of 32 keys), V times vmul (fp32: see
-   fwd_amx_f32.c's v_scale). Parts are 32 * dp elements apart. */
+   rows of dp, K times kmul; vtd: per part, V^T (dp rows of 32 keys), V times vmul (fp32: see
+   fwd_amx_f32.c's split scales; 1 for bf16). Parts are 32 * dp elements apart. */
 AMX_FN void pack_block_to(const fa_problem *p, uint16_t *stg, int64_t b, int64_t hk, int64_t j,
-                          uint16_t *kd, uint16_t *vtd, int dp, int parts, float vmul) {
+                          uint16_t *kd, uint16_t *vtd, int dp, int parts, float kmul,
+                          float vmul) {
     int64_t q0, sq, k0, sk;
     fa_seq_bounds(p, b, &q0, &sq, &k0, &sk);
     const int64_t bk = p->cu_k ? 0 : b;
@@ -117,22 +118,23 @@ AMX_FN void pack_block_to(const fa_problem *p, uint16_t *stg, int64_t b, int64_t
                 _mm_prefetch((const char *)fa_tm_row(&p->v, es, bk, k0 + j + KS + r, hk) + x,
                              _MM_HINT_T0);
             }
-        put_row(kd + (size_t)r * dp, pstride, in ? fa_tm_row(&p->k, es, bk, k0 + j + r, hk) : NULL,
-                parts, d, dp);
+        put_row_mul(kd + (size_t)r * dp, pstride,
+                    in ? fa_tm_row(&p->k, es, bk, k0 + j + r, hk) : NULL, parts, d, dp, kmul);
         put_row_mul(stg + (size_t)r * dp, pstride,
                     in ? fa_tm_row(&p->v, es, bk, k0 + j + r, hk) : NULL, parts, d, dp, vmul);
     }
     for (int k = 0; k < parts; k++) transpose_v(vtd + k * pstride, stg + k * pstride, dp);
 }
 
-/* Q rows of the tile (nq32 of them, zero past nq) -> Q^T in VNNI pairs. */
+/* Q rows of the tile (nq32 of them, zero past nq), times qmul (fp32's split scale; 1 for
+   bf16) -> Q^T in VNNI pairs. */
 AMX_FN void load_q(const fa_problem *p, const amx_bufs *B, int64_t bq, int64_t row0, int64_t h,
-                   int nq, int nq32, int dp, int parts) {
+                   int nq, int nq32, int dp, int parts, float qmul) {
     const int d = (int)p->d;
     const size_t es = parts == 1 ? 2 : 4, pstride = (size_t)BQ * dp;
     for (int i = 0; i < nq32; i++)
-        put_row(B->stg + (size_t)i * dp, pstride,
-                i < nq ? fa_tm_row(&p->q, es, bq, row0 + i, h) : NULL, parts, d, dp);
+        put_row_mul(B->stg + (size_t)i * dp, pstride,
+                    i < nq ? fa_tm_row(&p->q, es, bq, row0 + i, h) : NULL, parts, d, dp, qmul);
     const int dw = dp / 2; /* dwords (pairs) per row */
     for (int k = 0; k < parts; k++) {
         const uint32_t *s32 = (const uint32_t *)(B->stg + k * pstride);
