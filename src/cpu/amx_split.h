@@ -164,6 +164,29 @@ static inline void split_qk_scales(double mq, double mk, int d, float scale, flo
     *sscale = (float)((double)scale / ((double)*qmul * (double)*kmul));
 }
 
+/* An fp32 call's split scales: the powers of two Q, K, V (and dO, the backward's) are
+   multiplied by before the split, the scores' scale for the scaled Q and K, and the maxima
+   they came from (the backward caps its scales by them). */
+typedef struct split_muls {
+    float q, k, v, g, sscale;
+    double mq, mk, mv;
+} split_muls;
+
+/* Q's, K's and V's scales (g 1): one pass over each. */
+static inline split_muls split_muls_qkv(const fa_problem *p, int threads) {
+    const int64_t nbq = p->cu_q ? 1 : p->batch, ntq = p->cu_q ? p->total_q : p->seqlen_q;
+    const int64_t nbk = p->cu_k ? 1 : p->batch, ntk = p->cu_k ? p->total_k : p->seqlen_k;
+    const int d = (int)p->d;
+    split_muls m;
+    m.mq = split_max_abs(&p->q, nbq, ntq, p->heads_q, d, threads);
+    m.mk = split_max_abs(&p->k, nbk, ntk, p->heads_kv, d, threads);
+    m.mv = split_max_abs(&p->v, nbk, ntk, p->heads_kv, d, threads);
+    m.v = split_scale_of((float)m.mv);
+    m.g = 1.0f;
+    split_qk_scales(m.mq, m.mk, d, p->scale, &m.q, &m.k, &m.sscale);
+    return m;
+}
+
 /* Values e0 (row 2r) and e1 (row 2r + 1) of 16 columns (P or dS) -> row r of their VNNI
    pairs, one row per part, the parts pstride dwords apart. */
 FA_TM_INLINE void split_store_pairs(uint32_t *dst, size_t pstride, __m512 e0, __m512 e1) {

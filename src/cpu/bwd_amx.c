@@ -89,12 +89,6 @@ typedef struct part_strides {
     size_t stg; /* stg (bf16) */
 } part_strides;
 
-/* fp32: the powers of two Q, K, V and dO are multiplied by before they are split, and the
-   scores' scale for the scaled Q and K (split_muls_of); all 1 and the softmax scale for bf16. */
-typedef struct split_muls {
-    float q, k, v, g, sscale;
-} split_muls;
-
 typedef struct bwd_bufs {
     /* the work item's query side: nrows rows per query head of the group */
     uint16_t *qr, *dor; /* group x nrows x dp: Q and dO rows, zero padded */
@@ -899,18 +893,16 @@ size_t fa_cpu_amx_bwd_ws(const fa_problem *p, int threads) {
  * those of no scaling.
  */
 static split_muls split_muls_of(const fa_problem *p, int threads) {
+    if (p->dtype != FA_DTYPE_F32) {
+        const split_muls one = {1.0f, 1.0f, 1.0f, 1.0f, p->scale, 0, 0, 0};
+        return one;
+    }
+    split_muls m = split_muls_qkv(p, threads);
     const int64_t nbq = p->cu_q ? 1 : p->batch, ntq = p->cu_q ? p->total_q : p->seqlen_q;
-    const int64_t nbk = p->cu_k ? 1 : p->batch, ntk = p->cu_k ? p->total_k : p->seqlen_k;
     const int d = (int)p->d;
-    split_muls m = {1.0f, 1.0f, 1.0f, 1.0f, p->scale};
-    if (p->dtype != FA_DTYPE_F32) return m;
     const double mg = split_max_abs(&p->dout, nbq, ntq, p->heads_q, d, threads);
-    const double mv = split_max_abs(&p->v, nbk, ntk, p->heads_kv, d, threads);
-    const double mq = split_max_abs(&p->q, nbq, ntq, p->heads_q, d, threads);
-    const double mk = split_max_abs(&p->k, nbk, ntk, p->heads_kv, d, threads);
+    const double mq = m.mq, mk = m.mk, mv = m.mv;
     m.g = split_scale_of((float)mg);
-    m.v = split_scale_of((float)mv);
-    split_qk_scales(mq, mk, d, p->scale, &m.q, &m.k, &m.sscale);
     const double rows = (double)(p->group * item_rows(p));
     for (;;) {
         const double sums = 2.0 * d * mg * m.g * mv * m.v * fmax(mk * m.k, mq * m.q * rows);

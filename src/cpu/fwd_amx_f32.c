@@ -37,31 +37,12 @@ static size_t split_layout(int dp, float *base, split_ws *w) {
     return off;
 }
 
-/* The powers of two the operands are multiplied by before they are split (amx_split.h: parts
-   under 2^-126 read as zero): V's, O divided by it as it is stored (V * 2^-120 erred 0.023 at
-   O's scale without it), and Q's and K's, the scores' scale divided by both
-   (split_qk_scales), which *sscale returns. */
-typedef struct f32_muls {
-    float q, k, v;
-} f32_muls;
-
-static f32_muls f32_muls_of(const fa_problem *p, int threads, float *sscale) {
-    const int64_t nbq = p->cu_q ? 1 : p->batch, ntq = p->cu_q ? p->total_q : p->seqlen_q;
-    const int64_t nbk = p->cu_k ? 1 : p->batch, ntk = p->cu_k ? p->total_k : p->seqlen_k;
-    const int d = (int)p->d;
-    f32_muls m;
-    m.v = split_scale(&p->v, nbk, ntk, p->heads_kv, d, threads);
-    split_qk_scales(split_max_abs(&p->q, nbq, ntq, p->heads_q, d, threads),
-                    split_max_abs(&p->k, nbk, ntk, p->heads_kv, d, threads), d, p->scale, &m.q,
-                    &m.k, sscale);
-    return m;
-}
-
 /* Query tiles t0 .. t0 + GQ - 1 of head h of sequence b; Q, K and V are split times mul's
-   (p's scale is then the scores', f32_muls_of). */
+   (amx_split.h: parts under 2^-126 read as zero; V * 2^-120 erred 0.023 at O's scale without
+   its scale), and p's scale is the scores' for the scaled Q and K. */
 FA_TM_HOT
 static void split_item(const fa_problem *p, int64_t b, int64_t h, int64_t t0, const split_ws *w,
-                       int dp, const f32_muls *mul) {
+                       int dp, const split_muls *mul) {
     int64_t q0, sq, k0, sk;
     fa_seq_bounds(p, b, &q0, &sq, &k0, &sk);
     const int parts = SPLIT_PARTS;
@@ -163,9 +144,10 @@ void fa_cpu_amx_f32_fwd(const fa_problem *p, void *ws, int threads) {
     const int64_t ntq = (p->seqlen_q + BQ - 1) / BQ; /* varlen: the longest sequence */
     const int64_t ng = (ntq + GQ - 1) / GQ;
     const int64_t items = p->batch * p->heads_q * ng;
-    /* the items see the scores' scale for the scaled Q and K (f32_muls_of) */
+    /* the items see the scores' scale for the scaled Q and K */
+    const split_muls mul = split_muls_qkv(p, threads);
     fa_problem ps = *p;
-    const f32_muls mul = f32_muls_of(p, threads, &ps.scale);
+    ps.scale = mul.sscale;
 #pragma omp parallel num_threads(threads)
     {
         split_ws w;
