@@ -53,7 +53,7 @@ static void bwd_repeatable(void **state) {
  * fp32 dO and V scaled by powers of two, under the 2x rule: the amx level splits each fp32
  * operand into three bf16 parts (src/cpu/amx_split.h), whose parts under 2^-126 AMX reads as
  * zero, so dO or V * 2^-120 would lose their lo and mid parts (the kernel scales both up before
- * the split and the gradients back as it stores them: split_scale in amx_split.h; a kernel
+ * the split and the gradients back as it stores them: split_muls_fp32 in amx_split.h; a kernel
  * reading dO and V as the unscaled split does, emulated on the avx512 level, erred dQ 3.6e-3
  * against plain's 6.7e-7 at dO * 2^-120). dO or V alone * 2^+-120 put the gradients near the
  * ends of the fp32 range, both * 2^-60 make dP the product of two scaled operands; causal

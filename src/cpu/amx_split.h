@@ -20,7 +20,7 @@
  * lo*lo) has a lo factor, so their errors cancel along a dot product. Truncated, lo would
  * have the sign of x, the dropped products the sign of the product, a bias that adds up
  * (cpu.md). Parts below 2^-126 are subnormal in bf16, which AMX reads as zero: values under
- * ~2^-110 lose their lo part (cpu.md says when that shows), hence split_scale for V and dO
+ * ~2^-110 lose their lo part (cpu.md says when that shows), hence split_scale_of for V and dO
  * and split_qk_scales for Q and K.
  */
 #ifndef FA_CPU_AMX_SPLIT_H
@@ -79,7 +79,7 @@ FA_TM_INLINE void split_row(uint16_t *restrict dst, size_t pstride, const float 
 }
 
 /* A row of an operand as the products read it, parts pstride elements apart: bf16 (parts 1)
-   copied, fp32 (parts 3) times mul (a power of two, split_scale's; else 1) and split;
+   copied, fp32 (parts 3) times mul (a power of two, split_muls_fp32's; else 1) and split;
    zeros for a padding row, past the sequence (row NULL). */
 FA_TM_INLINE void put_row_mul(uint16_t *dst, size_t pstride, const void *row, int parts, int d,
                               int dp, float mul) {
@@ -134,9 +134,9 @@ static inline float split_scale_of(float mx) {
     return ldexpf(1.0f, 1 - e > 63 ? 63 : 1 - e);
 }
 
-static inline float split_scale(const fa_operand *a, int64_t nb, int64_t nt, int64_t nh, int d,
-                                int threads) {
-    return split_scale_of(split_max_abs(a, nb, nt, nh, d, threads));
+/* The scores' scale for Q and K multiplied by qmul and kmul (exact while it stays normal). */
+static inline float split_sscale(float scale, float qmul, float kmul) {
+    return (float)((double)scale / ((double)qmul * (double)kmul));
 }
 
 /*
@@ -161,19 +161,19 @@ static inline void split_qk_scales(double mq, double mk, int d, float scale, flo
         if (*qmul >= *kmul) *qmul *= 0.5f;
         else *kmul *= 0.5f;
     }
-    *sscale = (float)((double)scale / ((double)*qmul * (double)*kmul));
+    *sscale = split_sscale(scale, *qmul, *kmul);
 }
 
-/* An fp32 call's split scales: the powers of two Q, K, V (and dO, the backward's) are
+/* An fp32 call's split scales: the powers of two Q, K, V and dO (the backward's) are
    multiplied by before the split, the scores' scale for the scaled Q and K, and the maxima
    they came from (the backward caps its scales by them). */
 typedef struct split_muls {
     float q, k, v, g, sscale;
-    double mq, mk, mv;
+    double mq, mk, mv, mg;
 } split_muls;
 
-/* Q's, K's and V's scales (g 1): one pass over each. */
-static inline split_muls split_muls_qkv(const fa_problem *p, int threads) {
+/* Q's, K's and V's scales, and dO's where grads (else g 1): one pass over each. */
+static inline split_muls split_muls_fp32(const fa_problem *p, int threads, int grads) {
     const int64_t nbq = p->cu_q ? 1 : p->batch, ntq = p->cu_q ? p->total_q : p->seqlen_q;
     const int64_t nbk = p->cu_k ? 1 : p->batch, ntk = p->cu_k ? p->total_k : p->seqlen_k;
     const int d = (int)p->d;
@@ -181,8 +181,9 @@ static inline split_muls split_muls_qkv(const fa_problem *p, int threads) {
     m.mq = split_max_abs(&p->q, nbq, ntq, p->heads_q, d, threads);
     m.mk = split_max_abs(&p->k, nbk, ntk, p->heads_kv, d, threads);
     m.mv = split_max_abs(&p->v, nbk, ntk, p->heads_kv, d, threads);
+    m.mg = grads ? split_max_abs(&p->dout, nbq, ntq, p->heads_q, d, threads) : 0.0;
     m.v = split_scale_of((float)m.mv);
-    m.g = 1.0f;
+    m.g = split_scale_of((float)m.mg);
     split_qk_scales(m.mq, m.mk, d, p->scale, &m.q, &m.k, &m.sscale);
     return m;
 }
@@ -275,7 +276,7 @@ FA_TM_INLINE void split_step(const char *a, size_t apart, size_t a1, size_t as, 
  * (AMX reads subnormal bf16 as zero); P below 2^-126 next to a row max near 1 is far below the
  * rule's absolute error. Not denormals-are-zero: with FTZ no result is subnormal, so only the
  * caller's inputs can be, and the fp32 kernels scale V (and the backward dO) up before
- * splitting them (split_scale), which DAZ would turn into zeros (V * 2^-120 has subnormal
+ * splitting them (split_muls_fp32), which DAZ would turn into zeros (V * 2^-120 has subnormal
  * values). Stores whose values are divided by such a scale run without FTZ (the
  * result is subnormal where plain fp32's is, and must round there, not flush).
  */

@@ -39,7 +39,7 @@
  * the same reason this backward takes every fp32 problem whatever the schedule bwd_schedule.c
  * would pick (up to its dQ buffer bound), and FLASHATTN_CPU_F32_AMX=0 moves both the forward
  * and the backward to the avx512 level. dO and V are multiplied by powers of two before they
- * are split (amx_split.h's split_scale: their parts under 2^-126 would read as zero, and
+ * are split (amx_split.h's split_muls_fp32: their parts under 2^-126 would read as zero, and
  * dO or V * 2^-120 lose their lo and mid parts); dP, D and dS then carry both factors, dV
  * dO's, and the stores divide them out (exactly: powers of two), without FTZ.
  * Its speed against PyTorch's CPU backward: cpu.md.
@@ -881,7 +881,7 @@ size_t fa_cpu_amx_bwd_ws(const fa_problem *p, int threads) {
 
 /*
  * The fp32 split scales: Q's and K's with the scores' scale (split_qk_scales), dO's and V's
- * split_scale's, capped so that the sums they inflate stay finite: dS = P (dP - D) carries
+ * split_scale_of's, capped so that the sums they inflate stay finite: dS = P (dP - D) carries
  * dO's and V's, and |dP_ij|, |D_i| <= d max|dO| max|V| (Cauchy-Schwarz; O is a mean of V's
  * rows), so |sum_j dS_ij K_j| <= 2 d max|dO| max|V| max|K| (the P of a row sum to 1), times
  * K's scale, and |sum_i dS_ij Q_i| <= the same with max|Q| and Q's scale times the rows of
@@ -894,15 +894,12 @@ size_t fa_cpu_amx_bwd_ws(const fa_problem *p, int threads) {
  */
 static split_muls split_muls_of(const fa_problem *p, int threads) {
     if (p->dtype != FA_DTYPE_F32) {
-        const split_muls one = {1.0f, 1.0f, 1.0f, 1.0f, p->scale, 0, 0, 0};
+        const split_muls one = {1.0f, 1.0f, 1.0f, 1.0f, p->scale, 0, 0, 0, 0};
         return one;
     }
-    split_muls m = split_muls_qkv(p, threads);
-    const int64_t nbq = p->cu_q ? 1 : p->batch, ntq = p->cu_q ? p->total_q : p->seqlen_q;
+    split_muls m = split_muls_fp32(p, threads, 1);
     const int d = (int)p->d;
-    const double mg = split_max_abs(&p->dout, nbq, ntq, p->heads_q, d, threads);
-    const double mq = m.mq, mk = m.mk, mv = m.mv;
-    m.g = split_scale_of((float)mg);
+    const double mq = m.mq, mk = m.mk, mv = m.mv, mg = m.mg;
     const double rows = (double)(p->group * item_rows(p));
     for (;;) {
         const double sums = 2.0 * d * mg * m.g * mv * m.v * fmax(mk * m.k, mq * m.q * rows);
@@ -913,7 +910,7 @@ static split_muls split_muls_of(const fa_problem *p, int threads) {
         } else if (m.q > 1.0f || m.k > 1.0f) {
             if (m.q >= m.k) m.q *= 0.5f;
             else m.k *= 0.5f;
-            m.sscale = (float)((double)p->scale / ((double)m.q * m.k));
+            m.sscale = split_sscale(p->scale, m.q, m.k);
         } else {
             break;
         }

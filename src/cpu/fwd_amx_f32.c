@@ -145,7 +145,7 @@ void fa_cpu_amx_f32_fwd(const fa_problem *p, void *ws, int threads) {
     const int64_t ng = (ntq + GQ - 1) / GQ;
     const int64_t items = p->batch * p->heads_q * ng;
     /* the items see the scores' scale for the scaled Q and K */
-    const split_muls mul = split_muls_qkv(p, threads);
+    const split_muls mul = split_muls_fp32(p, threads, 0);
     fa_problem ps = *p;
     ps.scale = mul.sscale;
 #pragma omp parallel num_threads(threads)
