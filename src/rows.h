@@ -104,6 +104,16 @@ FA_ROWS_FN fa_range fa_rows_seeing(fa_rows r, fa_row_t j0, fa_row_t j1) {
     return q;
 }
 
+/* Keys [j0, j1) (0 <= j0 < j1 <= sk): the rows of [0, sq) that see every one of them, one run
+   by the same argument (lo(i) <= j0 and hi(i) >= j1). The mask rule for Inf and NaN looks for
+   specials only among the other rows (cuda/masked_specials.cuh). */
+FA_ROWS_FN fa_range fa_rows_seeing_all(fa_rows r, fa_row_t j0, fa_row_t j1) {
+    fa_range q;
+    q.lo = r.wr < 0 ? 0 : fa_row_max(0, j1 - 1 - r.diag - r.wr);
+    q.hi = r.wl < 0 ? r.sq : fa_row_min(r.sq, j0 - r.diag + r.wl + 1);
+    return q;
+}
+
 /* Whether [j0, j1) lies inside k. */
 FA_ROWS_FN int fa_range_holds(fa_range k, fa_row_t j0, fa_row_t j1) {
     return k.lo <= j0 && j1 <= k.hi;

@@ -146,17 +146,24 @@ static void blocks(void **state) {
     each_shape(check_blocks);
 }
 
-/* For every run of keys [j0, j1): the rows of the sequence that see at least one of them. */
+/* For every run of keys [j0, j1): the rows of the sequence that see at least one of them,
+   and those that see all of them. */
 static void check_seeing(const shape *s) {
     const fa_rows r = rows_of(s);
     for (int64_t j0 = 0; j0 < s->sk; j0++)
         for (int64_t j1 = j0 + 1; j1 <= s->sk; j1++) {
             const fa_range q = fa_rows_seeing(r, (fa_row_t)j0, (fa_row_t)j1);
+            const fa_range qa = fa_rows_seeing_all(r, (fa_row_t)j0, (fa_row_t)j1);
             for (int64_t i = -1; i <= s->sq; i++) {
-                int any = 0;
-                for (int64_t j = j0; j < j1; j++) any |= sees(i, j, s->sq, s->sk, s->wl, s->wr);
-                if (i < 0 || i >= s->sq) any = 0;
+                int any = 0, all = 1;
+                for (int64_t j = j0; j < j1; j++) {
+                    const int v = sees(i, j, s->sq, s->sk, s->wl, s->wr);
+                    any |= v;
+                    all &= v;
+                }
+                if (i < 0 || i >= s->sq) any = all = 0;
                 if (any != (i >= q.lo && i < q.hi)) fail_shape("seeing", s, j0, j1);
+                if (all != (i >= qa.lo && i < qa.hi)) fail_shape("seeing all", s, j0, j1);
             }
         }
 }
@@ -232,6 +239,13 @@ static void near_limit(void **state) {
                         qb = qb > sq ? sq : qb;
                         assert_int_equal(q.lo, qa);
                         assert_int_equal(q.hi, qb);
+                        const fa_range w = fa_rows_seeing_all(r, (fa_row_t)j0, (fa_row_t)j1);
+                        int64_t wa = wr < 0 ? 0 : j1 - 1 - (sk - sq) - wr;
+                        int64_t wb = wl < 0 ? sq : j0 + wl - (sk - sq) + 1;
+                        wa = wa < 0 ? 0 : wa;
+                        wb = wb > sq ? sq : wb;
+                        assert_int_equal(w.lo, wa);
+                        assert_int_equal(w.hi, wb);
                     }
                 }
         }

@@ -14,6 +14,7 @@
 
 #include "dropout_sm80.cuh"
 #include "kernels.h"
+#include "masked_specials.cuh"
 
 namespace fa {
 namespace bwd {
@@ -135,7 +136,10 @@ struct MainCfg {
     static constexpr size_t OFF_DO = OFF_Q + NBUF * SZ_Q;
     static constexpr size_t OFF_P = OFF_DO + NBUF * SZ_Q, OFF_DS = OFF_P + SZ_P;
     static constexpr size_t OFF_L = OFF_DS + SZ_P, OFF_D = OFF_L + NBUF * BM * 4;
-    static constexpr size_t SMEM = OFF_D + NBUF * BM * 4;
+    /* masked specials (masked_specials.cuh): dV's table, then a word */
+    static constexpr size_t OFF_NF = OFF_D + NBUF * BM * 4;
+    static constexpr size_t OFF_NFK = OFF_NF + NfTable<BN, D>::BYTES;
+    static constexpr size_t SMEM = OFF_NFK + 16;
 
     static_assert(SWM * SWN == NW && KWN * KWD == NW && QWM * QWD == NW, "warp grids");
     static_assert(STM % 16 == 0 && STN % 16 == 0, "S warp tile: m16 rows, pairs of n8 tiles");
@@ -169,43 +173,43 @@ template <int D_, int BN_> struct DqCfg {
  */
 template <int D> struct Tiles;
 template <> struct Tiles<32> {
-    using Big = MainCfg<32, 128, 128, 4, 4, 4, true>; /* 130 KB */
+    using Big = MainCfg<32, 128, 128, 4, 4, 4, true>; /* 131 KB */
     using Mid = Big;
-    using Small = MainCfg<32, 64, 64, 2, 4, 4, true>; /* 49 KB */
+    using Small = MainCfg<32, 64, 64, 2, 4, 4, true>; /* 50 KB */
     using Dq = DqCfg<32, 64>;
     using DqSmall = Dq;
 };
 template <> struct Tiles<64> {
-    using Big = MainCfg<64, 128, 128, 4, 4, 4, true, 2>;  /* 178 KB */
-    using Mid = MainCfg<64, 128, 128, 4, 4, 4, false, 2>; /* 141 KB */
-    using Small = MainCfg<64, 64, 64, 2, 4, 4, true>;  /* 73 KB */
+    using Big = MainCfg<64, 128, 128, 4, 4, 4, true, 2>;  /* 180 KB */
+    using Mid = MainCfg<64, 128, 128, 4, 4, 4, false, 2>; /* 143 KB */
+    using Small = MainCfg<64, 64, 64, 2, 4, 4, true>;  /* 74 KB */
     using Dq = DqCfg<64, 64>;
     using DqSmall = Dq;
 };
 template <> struct Tiles<96> {
-    using Big = MainCfg<96, 64, 128, 2, 4, 4, true>; /* 139 KB */
+    using Big = MainCfg<96, 64, 128, 2, 4, 4, true>; /* 142 KB */
     using Mid = Big;
-    using Small = MainCfg<96, 64, 64, 2, 4, 4, true>; /* 97 KB */
+    using Small = MainCfg<96, 64, 64, 2, 4, 4, true>; /* 98.5 KB */
     using Dq = DqCfg<96, 64>;
     using DqSmall = Dq;
 };
 template <> struct Tiles<128> {
-    using Big = MainCfg<128, 64, 128, 2, 4, 2, true>;  /* 171 KB */
-    using Mid = MainCfg<128, 64, 128, 2, 4, 2, false>; /* 137 KB */
-    using Small = MainCfg<128, 64, 64, 2, 2, 2, false>; /* 87 KB */
+    using Big = MainCfg<128, 64, 128, 2, 4, 2, true>;  /* 175 KB */
+    using Mid = MainCfg<128, 64, 128, 2, 4, 2, false>; /* 141 KB */
+    using Small = MainCfg<128, 64, 64, 2, 2, 2, false>; /* 89 KB */
     using Dq = DqCfg<128, 64>;
     using DqSmall = DqCfg<128, 32>;
 };
 template <> struct Tiles<192> {
-    using Big = MainCfg<192, 64, 64, 2, 2, 2, true>;  /* 169 KB */
-    using Mid = MainCfg<192, 64, 64, 2, 2, 2, false>; /* 119 KB */
-    using Small = MainCfg<192, 64, 32, 4, 2, 2, false>; /* 86 KB */
+    using Big = MainCfg<192, 64, 64, 2, 2, 2, true>;  /* 172 KB */
+    using Mid = MainCfg<192, 64, 64, 2, 2, 2, false>; /* 122 KB */
+    using Small = MainCfg<192, 64, 32, 4, 2, 2, false>; /* 87 KB */
     using Dq = DqCfg<192, 32>;
     using DqSmall = DqCfg<192, 16>;
 };
 template <> struct Tiles<256> {
-    using Big = MainCfg<256, 64, 64, 2, 2, 2, true>;  /* 217 KB */
-    using Mid = MainCfg<256, 64, 64, 2, 2, 2, false>; /* 151 KB */
+    using Big = MainCfg<256, 64, 64, 2, 2, 2, true>;  /* 221 KB */
+    using Mid = MainCfg<256, 64, 64, 2, 2, 2, false>; /* 155 KB */
     using Small = Mid; /* nothing with 8 warps fits 99 KB: the plan refuses such GPUs */
     using Dq = DqCfg<256, 32>;
     using DqSmall = Dq;

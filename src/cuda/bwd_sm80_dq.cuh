@@ -17,6 +17,7 @@
 #include "bwd_sm80.cuh"
 #include "bwd_sm80_pds.cuh"
 #include "bwd_sm80_tile.cuh"
+#include "masked_specials.cuh"
 
 namespace fa {
 namespace bwd {
@@ -93,7 +94,18 @@ __global__ void __launch_bounds__(C::THREADS) bwd_dq_kernel(const __grid_constan
                 drop_mul<1, NT>(dp, keep, a.drop.scale);
             }
             p_ds(sc, dp, a, rk, sL, sDd, warp * 16, i0, j0, s.sq, full && !fancy, slope, lane);
-
+            /* an Inf or NaN in K of a key some row cannot see must not reach it through dS K
+               (0 times it is NaN): on tiles with a mask edge, those keys' rows are scanned
+               (every warp is past S before the vote) and zeroed on a hit; the rows that see it
+               keep it through dS (masked_specials.cuh) */
+            const int nk = min(BN, s.sk - j0);
+            if (!fa_range_holds(every, j0, j0 + nk) &&
+                __syncthreads_or(nf_scan<T, LD, LCH>(sKb, 0, nk, every.lo - j0, every.hi - j0,
+                                                     tid, THREADS))) {
+                nf_scan_zero<T, LD, LCH>(sKb, 0, nk, every.lo - j0, every.hi - j0,
+                                         NfMap{rk, 0, 1, true, i0, j0}, NfNoSink{}, tid, THREADS);
+                __syncthreads();
+            }
             /* dQ += dS K: dS straight from the registers as A fragments */
 #pragma unroll
             for (int kk = 0; kk < BN / 16; kk++) {

@@ -30,6 +30,7 @@
 #include "bwd_sm80.cuh"
 #include "bwd_sm80_pds.cuh"
 #include "bwd_sm80_tile.cuh"
+#include "masked_specials.cuh"
 
 namespace fa {
 namespace bwd {
@@ -42,6 +43,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_main_kernel(const __grid_co
     const uint32_t s0 = smem_addr(smem);
     const uint32_t sK = s0 + (uint32_t)C::OFF_K, sV = s0 + (uint32_t)C::OFF_V;
     const uint32_t sP = s0 + (uint32_t)C::OFF_P, sdS = s0 + (uint32_t)C::OFF_DS;
+    /* masked specials (masked_specials.cuh): dV's table, the word "K was zeroed" */
+    const uint32_t sNfV = s0 + (uint32_t)C::OFF_NF, sNfK = s0 + (uint32_t)C::OFF_NFK;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
@@ -99,6 +102,8 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_main_kernel(const __grid_co
         /* iteration `it` visits query head h, tile mb (loop-carried: no division per tile) */
         int h = h_begin, mb = 0;
         load_q(h, m_first * BM, 0); /* the group also holds K and V */
+        /* and the two words after it: sNfK, and sNfK + 4 "K holds an Inf or NaN" */
+        nf_table_clear(sNfV, NfTable<BN, D>::WORDS + 2, tid, THREADS);
 
         const bool fancy = a.softcap > 0.f || a.alibi != nullptr;
         /* This thread's slot in a query tile of the dQ accumulator, whose 8x8 blocks of 64
@@ -170,7 +175,10 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_main_kernel(const __grid_co
                     store(sc, C::OFF_P);
                     warp_mma<T, C::S_MT, C::S_NTS, D / 16, LD_D, false, LD_D, false>(
                         dp, sdOb, wm_s * C::STM, 0, sV, n0, 0, lane);
-                    ds_of(sc, dp, sDd, wm_s * C::STM, lane);
+                    if (full) /* two instances: the full tiles' has no select */
+                        ds_of(sc, dp, sDd, wm_s * C::STM, false, lane);
+                    else
+                        ds_of(sc, dp, sDd, wm_s * C::STM, true, lane);
                 } else {
                     /* softcap: dS needs tanh of the raw score, so both products come first */
                     warp_mma<T, C::S_MT, C::S_NTS, D / 16, LD_D, false, LD_D, false>(
@@ -181,14 +189,57 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_main_kernel(const __grid_co
                 }
                 store(dp, C::OFF_DS);
             }
-            __syncthreads(); /* P, dS complete */
+            /* An Inf or NaN in Q or dO of a row, or in K of a key, that the other side of a
+               masked pair cannot see must not reach it through the products below (0 times it
+               is NaN). Such a row has a non-finite LSE (its scores are Inf or NaN) or D
+               (rowsum dO O), so on tiles with a mask edge those rows' LSE and D are checked,
+               and K once, on the first tile; a hit (the vote takes the place of the barrier)
+               zeroes the specials of the rows some pair cannot see (masked_specials.cuh).
+               Pairs that see each other keep them through P and dS (from S and dP), except
+               dV's terms of dO, which go to the dV table. K, kept for the next tiles, is
+               restored after the dQ product. */
+            const int nq = min(BM, s.sq - i0);
+            auto qall = [&] { return fa_rows_seeing_all(rk, j0, j0 + nk); };
+            auto kall = [&] { return fa_rows_common(rk, i0, i0 + nq); };
+            bool hit = false, nf = false;
+            if (DQ_ATOMIC && it == 0 && nf_scan<T, LD_D, LCH>(sK, 0, nk, 0, 0, tid, THREADS)) {
+                asm volatile("st.shared.u32 [%0], 1;\n" ::"r"(sNfK + 4)); /* for the tiles after */
+                hit = true;
+            }
+            if (full) {
+                __syncthreads(); /* P, dS complete */
+            } else {
+                const fa_range q = qall();
+                for (int r = tid; r < nq; r += THREADS)
+                    if ((i0 + r < q.lo || i0 + r >= q.hi) &&
+                        !(nf_finite(sL[r]) && nf_finite(sDd[r])))
+                        hit = true;
+                if (DQ_ATOMIC) {
+                    uint32_t kbad;
+                    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(kbad) : "r"(sNfK + 4));
+                    hit |= kbad != 0;
+                }
+                nf = __syncthreads_or(hit); /* P, dS complete */
+            }
+            if (nf) {
+                const fa_range q = qall(), k = kall();
+                const NfMap m{rk, 0, 1, false, j0, i0};
+                nf_scan_zero<T, LD_D, LCH>(sQb, 0, nq, q.lo - i0, q.hi - i0, m, NfNoSink{}, tid,
+                                           THREADS);
+                nf_scan_zero<T, LD_D, LCH>(sdOb, 0, nq, q.lo - i0, q.hi - i0, m,
+                                           NfTableSink{sNfV, BN, D}, tid, THREADS);
+                if (DQ_ATOMIC)
+                    nf_scan_zero<T, LD_D, LCH>(sK, 0, nk, k.lo - j0, k.hi - j0,
+                                               NfMap{rk, 0, 1, true, i0, j0}, NfFlagSink{sNfK},
+                                               tid, THREADS);
+                __syncthreads();
+            }
 
             /* dV += P^T dO, dK += dS^T Q */
             warp_mma<T, C::K_MT, C::K_NT, BM / 16, LD_N, true, LD_D, true>(
                 dv, sP, wn_k * C::KTM, 0, sdOb, wd_k * C::KTN, 0, lane);
             warp_mma<T, C::K_MT, C::K_NT, BM / 16, LD_N, true, LD_D, true>(
                 dk, sdS, wn_k * C::KTM, 0, sQb, wd_k * C::KTN, 0, lane);
-
             if (!C::DB) {
                 __syncthreads(); /* every warp is done with the single Q/dO/LSE/D buffer */
                 if (it + 1 < niter) load_q(h_next, i0_next, 0);
@@ -217,10 +268,14 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_main_kernel(const __grid_co
                                          acc[mi][ni][2 * hr], acc[mi][ni][2 * hr + 1]);
                 }
             }
+            if (DQ_ATOMIC && nf)
+                nf_restore<T, LD_D, LCH>(sK, kg, a.k_st, nk, a.d, sNfK, tid, THREADS);
             h = h_next;
             mb = last_mb ? 0 : mb + 1;
         }
     }
+
+    if (niter > 0) nf_table_apply<D>(dv, sNfV, wn_k * C::KTM, wd_k * C::KTN, lane);
 
     /* dK = scale * sum dS^T Q (Q was not scaled on load) */
 #pragma unroll

@@ -62,10 +62,12 @@ __device__ __forceinline__ void p_of(float (&sc)[MT][NT][4], const BwdArgs &a, c
         }
 }
 
-/* dS = P (dP - D) in place of dP, from P in sc (no softcap); sD indexed like sL above. */
+/* dS = P (dP - D) in place of dP, from P in sc (no softcap); sD indexed like sL above. With
+   `masked` (a tile with a mask edge), dS is exactly 0 where P is: a masked key's Inf or NaN in
+   V, or a row's in dO, makes dP Inf or NaN there, and 0 times it would reach dQ and dK. */
 template <int MT, int NT>
 __device__ __forceinline__ void ds_of(const float (&sc)[MT][NT][4], float (&dp)[MT][NT][4],
-                                      const float *sD, int r0, int lane) {
+                                      const float *sD, int r0, bool masked, int lane) {
     const int g = lane >> 2;
 #pragma unroll
     for (int mi = 0; mi < MT; mi++)
@@ -75,8 +77,10 @@ __device__ __forceinline__ void ds_of(const float (&sc)[MT][NT][4], float (&dp)[
 #pragma unroll
             for (int ni = 0; ni < NT; ni++)
 #pragma unroll
-                for (int e = 0; e < 2; e++)
-                    dp[mi][ni][2 * hr + e] = sc[mi][ni][2 * hr + e] * (dp[mi][ni][2 * hr + e] - dd);
+                for (int e = 0; e < 2; e++) {
+                    const float p = sc[mi][ni][2 * hr + e], x = p * (dp[mi][ni][2 * hr + e] - dd);
+                    dp[mi][ni][2 * hr + e] = masked && p == 0.f ? 0.f : x;
+                }
         }
 }
 
@@ -92,7 +96,7 @@ __device__ __forceinline__ void p_ds(float (&sc)[MT][NT][4], float (&dp)[MT][NT]
                                      float slope, int lane) {
     if (!(a.softcap > 0.f)) {
         p_of(sc, a, rk, sL, r0, i0, jw, sq, fast, slope, lane);
-        ds_of(sc, dp, sD, r0, lane);
+        ds_of(sc, dp, sD, r0, !fast, lane);
         return;
     }
     const int g = lane >> 2, t4 = lane & 3;
@@ -111,8 +115,11 @@ __device__ __forceinline__ void p_ds(float (&sc)[MT][NT][4], float (&dp)[MT][NT]
                     const int j = jw + ni * 8 + 2 * t4 + e;
                     const float th = tanhf(sc[mi][ni][2 * hr + e] * a.softcap_inv);
                     const float x = a.softcap * th - slope * fabsf((float)(c - j));
-                    const float p = (j >= lo && j < hi) ? prob_exp2(x, kLog2e, l2) : 0.f;
-                    dp[mi][ni][2 * hr + e] = p * (dp[mi][ni][2 * hr + e] - dd) * (1.f - th * th);
+                    const bool seen = j >= lo && j < hi;
+                    const float p = seen ? prob_exp2(x, kLog2e, l2) : 0.f;
+                    /* masked: exactly 0, as in ds_of */
+                    dp[mi][ni][2 * hr + e] =
+                        seen ? p * (dp[mi][ni][2 * hr + e] - dd) * (1.f - th * th) : 0.f;
                     sc[mi][ni][2 * hr + e] = p;
                 }
         }

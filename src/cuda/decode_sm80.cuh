@@ -26,6 +26,7 @@
 
 #include "bad_index.cuh"
 #include "kernels.h"
+#include "masked_specials.cuh"
 #include "ptx.cuh"
 #include "score_mods.cuh"
 
@@ -69,9 +70,15 @@ template <int D_> struct DecodeCfg {
     /* tiles of a warp in flight at once, plus one: at d 128 a block takes 109 KB, two per
        multiprocessor (the split heuristic sizes the grid to whole waves of them) */
     static constexpr int STAGES = 3;
+    /* blocks per multiprocessor the registers must allow (__launch_bounds__) where the kernel
+       without the masked-special repair reached more: d 32, 117 registers, four (ptxas gave
+       the kernel with the repair's outlined call 137, three; masked_specials.cuh) */
+    static constexpr int MINB = D_ == 32 ? 4 : 1;
     static constexpr int WARP_SMEM = 2 * STAGES * TILE; /* K, V x STAGES buffers */
     static constexpr size_t SMEM_Q = (size_t)16 * LD * 2;
-    static constexpr size_t SMEM = SMEM_Q + (size_t)NW * WARP_SMEM;
+    /* then the table of masked specials (masked_specials.cuh) */
+    static constexpr size_t SMEM_NF = SMEM_Q + (size_t)NW * WARP_SMEM;
+    static constexpr size_t SMEM = SMEM_NF + NfTable<16, D>::BYTES;
     /* the final cross-warp merge reuses the tiles: NW x 16 rows x D fp32 + max/sum */
     static_assert((size_t)NW * 16 * D * 4 + 2 * NW * 16 * 4 <= (size_t)NW * WARP_SMEM,
                   "merge scratch fits in the K/V buffers");
@@ -289,7 +296,7 @@ __device__ __forceinline__ void decode_merge_last(const DecodeArgs &a, int rb, i
 
 /* grid: (row blocks * num_splits, heads_kv, batch) */
 template <typename T, typename C>
-__global__ void __launch_bounds__(C::THREADS) decode_sm80_kernel(const __grid_constant__ DecodeArgs a) {
+__global__ void __launch_bounds__(C::THREADS, C::MINB) decode_sm80_kernel(const __grid_constant__ DecodeArgs a) {
     constexpr int D = C::D, LD = C::LD, BNW = C::BNW, DT = D / 8, NT = BNW / 8;
     extern __shared__ __align__(16) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
@@ -355,8 +362,10 @@ __global__ void __launch_bounds__(C::THREADS) decode_sm80_kernel(const __grid_co
         if (i < ntiles) load_tile(i);
         else cp_async_commit();
     }
+    const uint32_t sNf = sQ + (uint32_t)C::SMEM_NF;
+    nf_table_clear(sNf, NfTable<16, D>::WORDS, tid, C::THREADS);
     cp_async_wait<C::STAGES - 1>(); /* the Q group */
-    __syncthreads(); /* Q visible to every warp */
+    __syncthreads(); /* Q visible to every warp (and the cleared table) */
 
     const uint32_t q_off = ((lane & 15) * LD + (lane >> 4) * 8) * 2;
     const uint32_t k_off = ((((lane >> 4) << 3) + (lane & 7)) * LD + ((lane >> 3) & 1) * 8) * 2;
@@ -377,6 +386,9 @@ __global__ void __launch_bounds__(C::THREADS) decode_sm80_kernel(const __grid_co
     }
     fa_range both = fa_rows_common(rk(), t_r[0], t_r[1] + 1);
     both.lo = max(both.lo, lp); /* a tile reaching below lp needs the mask */
+    /* the keys all 16 rows see: a special elsewhere must not reach the rows that cannot */
+    fa_range all = fa_rows_common(rk(), row0 / a.group, last_row / a.group + 1);
+    all.lo = max(all.lo, lp);
 
     for (int i = 0; i < ntiles; i++) {
         const int j0 = first + i * step;
@@ -455,6 +467,16 @@ __global__ void __launch_bounds__(C::THREADS) decode_sm80_kernel(const __grid_co
                 acc[j][3] *= alpha[1];
             }
         }
+        /* An Inf or NaN in V of a key some row cannot see (left padding, past a diagonal)
+           must not reach that row through P V: such keys' V rows are scanned, and each
+           special is zeroed, its term kept for the rows that see it (masked_specials.cuh) */
+        const int nv = min(BNW, ke - j0);
+        if (!fa_range_holds(all, j0, j0 + nv)) {
+            nf_scan_zero<T, LD, D / 8>(sV, 0, nv, all.lo - j0, all.hi - j0,
+                                       NfMap{rk(), lp, a.group, true, row0, j0},
+                                       NfTableSink{sNf, 16, D}, lane, 32);
+            __syncwarp();
+        }
 #pragma unroll
         for (int kk = 0; kk < BNW / 16; kk++)
 #pragma unroll
@@ -487,6 +509,8 @@ __global__ void __launch_bounds__(C::THREADS) decode_sm80_kernel(const __grid_co
     }
     __syncthreads();
 
+    uint32_t nf_dirty; /* terms of masked-edge specials to add (masked_specials.cuh) */
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(nf_dirty) : "r"(sNf));
     /* thread -> (row, 8 columns): rows of this block, D / 8 column groups */
     for (int c = tid; c < 16 * (D / 8); c += C::THREADS) {
         const int r = c / (D / 8), x = (c % (D / 8)) * 8, pr = row0 + r;
@@ -509,6 +533,10 @@ __global__ void __launch_bounds__(C::THREADS) decode_sm80_kernel(const __grid_co
 #pragma unroll
             for (int w = 0; w < C::NW; w++) v += wt[w] * so[(w * 16 + r) * D + x + e];
             out[e] = v * inv;
+            if (nf_dirty) {
+                const uint32_t bits = nf_table_bits(sNf, D, r, x + e);
+                if (bits) out[e] += __uint_as_float(nf_value(bits));
+            }
         }
         const float lse = wsum > 0.f ? Mu * 0.6931471805599453f + logf(wsum) : -INFINITY;
         const int t = pr / a.group, h = hk * a.group + pr % a.group;

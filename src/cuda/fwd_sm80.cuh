@@ -29,6 +29,7 @@
 
 #include "dropout_sm80.cuh"
 #include "kernels.h"
+#include "masked_specials.cuh"
 #include "ptx.cuh"
 #include "score_mods.cuh"
 
@@ -48,15 +49,20 @@ struct FwdArgs {
     DropArgs drop; /* read by the DROP kernels only */
 };
 
-template <int D_, int BM_, int BN_, int NW_> struct FwdCfg {
-    static constexpr int D = D_, BM = BM_, BN = BN_, NW = NW_;
+/* MINB_: blocks per multiprocessor the kernel's registers must allow (__launch_bounds__), set
+   where the kernel without the masked-special repair reaches more than one: that repair's
+   outlined call otherwise lets ptxas spend up to 70 more registers (masked_specials.cuh). */
+template <int D_, int BM_, int BN_, int NW_, int MINB_ = 1> struct FwdCfg {
+    static constexpr int D = D_, BM = BM_, BN = BN_, NW = NW_, MINB = MINB_;
     static constexpr int THREADS = NW * 32;
     static constexpr int WM = BM / NW; /* query rows per warp */
     static constexpr int MT = WM / 16; /* m16 tiles per warp */
     static constexpr int NT = BN / 8;  /* n8 tiles of S */
     static constexpr int DT = D / 8;   /* n8 tiles of O */
     static constexpr int LD = D + 8;   /* padded shared-memory row, elements */
-    static constexpr size_t SMEM = (size_t)(BM + 3 * BN) * LD * 2; /* Q, K x 2, V */
+    /* Q, K x 2, V, then the table of masked specials (masked_specials.cuh) */
+    static constexpr size_t SMEM_NF = (size_t)(BM + 3 * BN) * LD * 2;
+    static constexpr size_t SMEM = SMEM_NF + NfTable<BM, D>::BYTES;
     static_assert(WM % 16 == 0, "each warp owns whole m16 tiles");
     static_assert(BN % 16 == 0 && D % 16 == 0, "k16 steps");
 };
@@ -93,7 +99,7 @@ __device__ __forceinline__ void load_tile(uint32_t smem, const char *gbase, int6
 }
 
 template <typename T, typename C, bool DROP>
-__global__ void __launch_bounds__(C::THREADS)
+__global__ void __launch_bounds__(C::THREADS, DROP ? 1 : C::MINB)
     fwd_sm80_kernel(const __grid_constant__ FwdArgs a) {
     constexpr int D = C::D, BM = C::BM, BN = C::BN, LD = C::LD;
     constexpr int MT = C::MT, NT = C::NT, DT = C::DT;
@@ -102,6 +108,7 @@ __global__ void __launch_bounds__(C::THREADS)
     const uint32_t sV = sQ + BM * LD * 2;
     const uint32_t sK = sV + BN * LD * 2; /* two buffers: K(nb) is read while K(nb-1) lands */
     auto k_buf = [&](int nb) { return sK + (uint32_t)(nb & 1) * BN * LD * 2; };
+    const uint32_t sNf = sQ + (uint32_t)C::SMEM_NF;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int m_block = gridDim.x - 1 - blockIdx.x; /* longest causal rows first */
@@ -149,6 +156,7 @@ __global__ void __launch_bounds__(C::THREADS)
 
     if (ktiles.hi > ktiles.lo) {
         const int nb_first = ktiles.lo, nb_last = ktiles.hi - 1;
+        nf_table_clear(sNf, NfTable<BM, D>::WORDS, tid, C::THREADS);
         load_tile<BM, D, LD, C::THREADS>(sQ, (const char *)qg, a.q_st * 2, rows, a.d, tid);
         load_tile<BN, D, LD, C::THREADS>(k_buf(nb_last), (const char *)(kg + (int64_t)nb_last * BN * a.k_st),
                                          a.k_st * 2, sk - nb_last * BN, a.d, tid);
@@ -229,7 +237,8 @@ __global__ void __launch_bounds__(C::THREADS)
                     }
             }
             /* masking only where the tile straddles a mask edge or the end of the keys */
-            if (!fa_range_holds(every, kcol0, kcol0 + BN)) {
+            const bool edge = !fa_range_holds(every, kcol0, kcol0 + BN);
+            if (edge) {
 #pragma unroll
                 for (int i = 0; i < MT; i++)
 #pragma unroll
@@ -310,7 +319,18 @@ __global__ void __launch_bounds__(C::THREADS)
                     }
             }
 
-            cp_async_wait<1>();
+            cp_async_wait<1>(); /* this thread's copies of V(nb) landed */
+
+            /* An Inf or NaN in V of a key some row cannot see must not reach that row through
+               P V (0 times it is NaN): on mask-edge tiles, each thread scans the chunks of those
+               keys' V rows it copied itself (load_tile gives chunk i to thread i % THREADS, as
+               nf_scan_zero takes them), so the barrier below publishes the zeros too; each
+               special is zeroed, its term kept for the rows that see it (masked_specials.cuh) */
+            const int nv = min(BN, sk - kcol0);
+            if (edge && !fa_range_holds(every, kcol0, kcol0 + nv))
+                nf_scan_zero<T, LD, D / 8>(sV, 0, nv, every.lo - kcol0, every.hi - kcol0,
+                                           NfMap{rk(), 0, 1, true, row0, kcol0},
+                                           NfTableSink{sNf, BM, D}, tid, C::THREADS);
             __syncthreads(); /* V(nb) visible (K(nb-1) may still be landing) */
 
             /* O += P V */
@@ -329,6 +349,8 @@ __global__ void __launch_bounds__(C::THREADS)
             }
         }
     }
+
+    if (ktiles.hi > ktiles.lo) nf_table_apply<D>(acc, sNf, warp * C::WM, 0, lane);
 
     /* Normalise; stage O through the warp's own rows of the Q tile (only this warp ever read
        them, and no copy is in flight) so global stores are whole 16-byte row pieces. */
@@ -388,7 +410,8 @@ cudaError_t fwd_sm80_launch(const FwdArgs &a, int batch, int heads, int max_sq,
  */
 template <int D> struct FwdTiles;
 template <> struct FwdTiles<32> { using Big = FwdCfg<32, 128, 128, 4>; using Small = Big; };
-template <> struct FwdTiles<64> { using Big = FwdCfg<64, 128, 64, 4>; using Small = Big; };
+/* d 64: 168 registers, three blocks a multiprocessor */
+template <> struct FwdTiles<64> { using Big = FwdCfg<64, 128, 64, 4, 3>; using Small = Big; };
 template <> struct FwdTiles<96> { using Big = FwdCfg<96, 128, 64, 4>; using Small = Big; };
 template <> struct FwdTiles<128> { using Big = FwdCfg<128, 128, 64, 4>; using Small = Big; };
 template <> struct FwdTiles<192> {
