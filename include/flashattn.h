@@ -571,10 +571,12 @@ FA_API const fa_selection *fa_last_selection(const fa_context *ctx);
  *    of O +-Inf (NaN where Infs of both signs meet, or where the key's weight underflows to 0;
  *    NaN on the amx level's fp32 forward, whose products split V into bf16 parts).
  *  Every CPU level keeps these (the amx level too: its tile products take a mask-edge tile's
- *  Inf and NaN out of the product and add their terms only where they are visible). Not yet
- *  everywhere (issue 42): the CUDA kernels keep the first point, but a NaN or Inf in a masked
- *  key that shares a key tile with keys the row sees can still reach the row (a zero weight
- *  times NaN in the tile's product).
+ *  Inf and NaN out of the product and add their terms only where they are visible), and so
+ *  do the CUDA sm80 kernels (the same way; they serve every GPU before Hopper, and on Hopper
+ *  head dims other than 64, 128 and 256, dropout and the KV-cache decode). Not yet everywhere
+ *  (issue 42): the Hopper kernels (head dims 64, 128, 256) keep the first point, but a NaN
+ *  or Inf in a masked key that shares a key tile with keys the row sees can still reach the
+ *  row there (a zero weight times NaN in the tile's product).
  * Returns FA_OK or: FA_ERR_NULL_POINTER, FA_ERR_INVALID_ARGUMENT, FA_ERR_SHAPE, FA_ERR_DTYPE,
  * FA_ERR_STRIDE, FA_ERR_HEAD_DIM, FA_ERR_GQA, FA_ERR_VARLEN, FA_ERR_OVERFLOW, FA_ERR_DEVICE,
  * FA_ERR_UNSUPPORTED, FA_ERR_NO_BACKEND, FA_ERR_OUT_OF_MEMORY, FA_ERR_WORKSPACE, FA_ERR_CUDA,
