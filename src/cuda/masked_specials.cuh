@@ -38,6 +38,15 @@ template <typename T> __device__ __forceinline__ bool nf_chunk(const uint32_t (&
             0x80008000u) != 0;
 }
 
+/* The same for the chunk at shared address a. */
+template <typename T> __device__ __forceinline__ bool nf_chunk_at(uint32_t a) {
+    uint32_t v[4];
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+                 : "r"(a));
+    return nf_chunk<T>(v);
+}
+
 /* x is neither Inf nor NaN (a bit test: fast-math builds may fold isfinite). */
 __device__ __forceinline__ bool nf_finite(float x) {
     return (__float_as_uint(x) & 0x7F800000u) != 0x7F800000u;
@@ -120,11 +129,7 @@ __device__ __noinline__ void nf_scan_zero(uint32_t tile, int r0, int r1, int x0,
         const int s = r0 + i / CH;
         if (s >= x0 && s < x1) continue;
         const uint32_t a = tile + (uint32_t)(s * LD + (i % CH) * 8) * 2u;
-        uint32_t v[4];
-        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
-                     : "r"(a));
-        if (!nf_chunk<T>(v)) continue;
+        if (!nf_chunk_at<T>(a)) continue;
         for (int k = 0; k < 8; k++) {
             uint32_t w;
             asm volatile("ld.shared.u16 %0, [%1];\n" : "=r"(w) : "r"(a + 2u * k));
@@ -144,11 +149,7 @@ __device__ __noinline__ bool nf_scan(uint32_t tile, int r0, int r1, int x0, int 
     for (int i = t; i < (r1 - r0) * CH; i += n) {
         const int s = r0 + i / CH;
         if (s >= x0 && s < x1) continue;
-        uint32_t v[4];
-        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
-                     : "r"(tile + (uint32_t)(s * LD + (i % CH) * 8) * 2u));
-        bad |= nf_chunk<T>(v);
+        bad |= nf_chunk_at<T>(tile + (uint32_t)(s * LD + (i % CH) * 8) * 2u);
     }
     return bad;
 }
