@@ -31,8 +31,9 @@ template <> struct NfExp<__half> { static constexpr uint32_t E = 0x7C00u; };
 template <> struct NfExp<__nv_bfloat16> { static constexpr uint32_t E = 0x7F80u; };
 
 /* Whether any of the eight 16-bit halves of a 16-byte chunk is Inf or NaN: an all-ones
-   exponent plus its lowest bit carries into the half's sign bit, and nothing else does. */
-template <typename T> __device__ __forceinline__ bool nf_chunk(const uint32_t (&v)[4]) {
+   exponent plus its lowest bit carries into the half's sign bit, and nothing else does
+   (tests/test_masked_specials.cu checks every pattern on the host). */
+template <typename T> __host__ __device__ __forceinline__ bool nf_chunk(const uint32_t (&v)[4]) {
     constexpr uint32_t E = NfExp<T>::E, M = E | (E << 16), A = (E & -E) * 0x10001u;
     return ((((v[0] & M) + A) | ((v[1] & M) + A) | ((v[2] & M) + A) | ((v[3] & M) + A)) &
             0x80008000u) != 0;
@@ -112,10 +113,10 @@ struct NfFlagSink {
 };
 
 /*
- * The scan and zeroing on rows [r0, r1) of a 16-bit tile (element (s, c) at byte (s LD + c) 2, CH chunks
- * of 8 a row), skipping rows [x0, x1), which every row of the other side sees (their specials
- * reach all of those rows anyway): each Inf or NaN goes to `sink` and is zeroed. Thread t of n
- * takes every n-th chunk; the caller's barrier then makes the zeros visible.
+ * The scan and zeroing on rows [r0, r1) of a 16-bit tile (element (s, c) at byte (s LD + c) 2,
+ * CH chunks of 8 a row), skipping rows [x0, x1), which every row of the other side sees (their
+ * specials reach all of those rows anyway): each Inf or NaN goes to `sink` and is zeroed.
+ * Thread t of n takes every n-th chunk; the caller's barrier then makes the zeros visible.
  *
  * Outlined, so that the main loops' code stays as it was. ptxas may still spend more
  * registers on a kernel with the call (the sm80 d 64 forward: 168 -> 240); where that would
