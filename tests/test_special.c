@@ -376,9 +376,9 @@ static void masked_case(fa_dtype dt, fa_algo algo, int64_t n, int64_t d, const f
     prob_free(&a), prob_free(&b);
 }
 
-/* The masked cases at head dims ds (three: causal/window d for keys, causal/window d for
-   query rows; d16/d40/d24 on the CPU) in dtypes dts, causal and windowed as in `base`
-   (e.g. deterministic). */
+/* The masked cases in dtypes dts, with `base`'s other parameters (e.g. deterministic): head
+   dim ds[1] for the causal key at 100, ds[2] for the windowed query row, ds[0] for the rest
+   (16, 40 and 24 on the CPU). */
 static void masked_cases(fa_algo algo, int bwd, const fa_dtype *dts, size_t ndt,
                          const int64_t ds[3], const fa_params *base) {
     static const double vals[] = {NAN, INFINITY, -INFINITY};
