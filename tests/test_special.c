@@ -520,12 +520,13 @@ static void kv_huge(const char *who, fa_dtype dt, double mag, int64_t len, int64
 
 /* A special value in a cache row the rows cannot see: rows 0..2 of 4 queries see keys up to
    126..128 of len 130 (key 129 only row 3), and row 135 lies past the length: a NaN in K or V
-   of key 129 and an Inf in row 135 leave rows 0..2 as they were (o, o2, lse, lse2: scratch
-   of sq rows). */
+   of key 129 and an Inf in row 135 leave rows 0..2 as they were (sq <= 4). */
 static void kv_masked(const char *who, fa_dtype dt, int64_t len, int64_t sq, int64_t d,
-                      int splits, tk_rng *r, double *q, double *k, double *v, double *o,
-                      double *o2, double *lse, double *lse2) {
+                      int splits, tk_rng *r) {
     const int64_t cap = len + 16;
+    double *q = calloc((size_t)(sq * d), 8), *k = calloc((size_t)(cap * d), 8);
+    double *v = calloc((size_t)(cap * d), 8), *o = calloc((size_t)(sq * d), 8);
+    double *o2 = calloc((size_t)(sq * d), 8), lse[4], lse2[4];
     fill(q, sq * d, dt, r, -1, 1);
     fill(k, cap * d, dt, r, -1, 1);
     fill(v, cap * d, dt, r, -1, 1);
@@ -548,6 +549,7 @@ static void kv_masked(const char *who, fa_dtype dt, int64_t len, int64_t sq, int
                          (long long)i, o2[i * d + 1], lse2[i]);
         }
     }
+    free(q), free(k), free(v), free(o), free(o2);
 }
 
 static void kvcache_special(void **state) {
@@ -561,12 +563,12 @@ static void kvcache_special(void **state) {
                 const fa_dtype dt = dts[di];
                 double *q = calloc((size_t)(sq * d), 8), *k = calloc((size_t)(cap * d), 8);
                 double *v = calloc((size_t)(cap * d), 8), *o = calloc((size_t)(sq * d), 8);
-                double *o2 = calloc((size_t)(sq * d), 8), lse[4], lse2[4];
+                double lse[4];
                 tk_rng r;
                 tk_rng_init(&r, 77 + (uint64_t)d);
                 kv_huge("", dt, mags[di], len, sq, d, splits, &r, q, k, v, o, lse);
-                kv_masked("", dt, len, sq, d, splits, &r, q, k, v, o, o2, lse, lse2);
-                free(q), free(k), free(v), free(o), free(o2);
+                kv_masked("", dt, len, sq, d, splits, &r);
+                free(q), free(k), free(v), free(o);
             }
 }
 
@@ -726,18 +728,12 @@ static void cuda_masked(void **state) {
 static void cuda_masked_kvcache(void **state) {
     (void)state;
     static const fa_dtype dts[] = {FA_DTYPE_F16, FA_DTYPE_BF16};
-    const int64_t len = 130, sq = 4, cap = len + 16;
     for (size_t di = 0; di < 2; di++)
         for (size_t i = 0; i < sizeof cuda_ds / sizeof *cuda_ds; i++)
             for (int splits = 1; splits <= 3; splits += 2) {
-                const int64_t d = cuda_ds[i];
-                double *q = calloc((size_t)(sq * d), 8), *k = calloc((size_t)(cap * d), 8);
-                double *v = calloc((size_t)(cap * d), 8), *o = calloc((size_t)(sq * d), 8);
-                double *o2 = calloc((size_t)(sq * d), 8), lse[4], lse2[4];
                 tk_rng r;
-                tk_rng_init(&r, 900 + (uint64_t)d);
-                kv_masked("cuda ", dts[di], len, sq, d, splits, &r, q, k, v, o, o2, lse, lse2);
-                free(q), free(k), free(v), free(o), free(o2);
+                tk_rng_init(&r, 900 + (uint64_t)cuda_ds[i]);
+                kv_masked("cuda ", dts[di], 130, 4, cuda_ds[i], splits, &r);
             }
 }
 
