@@ -606,12 +606,13 @@ FA_API fa_status fa_fwd_workspace_size(fa_context *ctx, const fa_tensor *q, cons
  * sharing elements (see the top of this file).
  * Special values: as fa_fwd says, and a query row does not contribute to the dK, dV of keys it
  * cannot see, nor a key to the dQ of rows that cannot see it (NaN or Inf in Q, dO, K or V
- * included). A NaN reaching a row (its Q, dO, LSE, or a key it sees) makes that row's dQ NaN
- * and reaches the dK, dV of every key the row sees. P = exp(score - LSE) is taken as at most 1
- * even where the recomputed score exceeds LSE by a rounding. The CPU kernels split the scale
- * between dS and the stored sums so that no fp32 partial sum exceeds its result's bound (a
- * tiny softmax_scale with huge K, V and dO stays finite); the CUDA kernels round dS to the
- * input dtype for their products and scale the sums after them, so there dS must fit that
+ * included; not yet in the Hopper backward at head dims 64 and 128: issue 42; its d 256
+ * kernel keeps it). A NaN reaching a row (its Q, dO, LSE, or a key it sees) makes that row's
+ * dQ NaN and reaches the dK, dV of every key the row sees. P = exp(score - LSE) is taken as
+ * at most 1 even where the recomputed score exceeds LSE by a rounding. The CPU kernels split
+ * the scale between dS and the stored sums so that no fp32 partial sum exceeds its result's
+ * bound (a tiny softmax_scale with huge K, V and dO stays finite); the CUDA kernels round dS to
+ * the input dtype for their products and scale the sums after them, so there dS must fit that
  * dtype and the unscaled sums dS K, dS Q fp32.
  * Returns the statuses of fa_fwd.
  */

@@ -333,8 +333,9 @@ struct fa_context {
        use (errw_dev); both NULL where the backend has none (CPU). */
     fa_bad_index *errw;
     void *errw_dev;
-    /* CUDA: whether the Hopper forward and backward may run (FLASHATTN_CUDA_SM90=0 and
-       FLASHATTN_CUDA_SM90_BWD=0 turn them off), read once when the context is created */
+    /* CUDA: whether the Hopper forward and backward may run (FLASHATTN_CUDA_SM90=0 turns both
+       off, FLASHATTN_CUDA_SM90_FWD=0 and FLASHATTN_CUDA_SM90_BWD=0 one), read once when the
+       context is created */
     int sm90_fwd, sm90_bwd;
     /* CPU: whether the amx level takes fp32 (FLASHATTN_CPU_F32_AMX=0: no) and the backward's
        schedule (FLASHATTN_CPU_BWD_SCHEDULE: 0 the choice, 1 one-pass, 2 two-pass), read once

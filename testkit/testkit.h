@@ -216,6 +216,8 @@ const tk_case *tk_bwd_cases(size_t *count);
 
 /* 1 when this testkit was built with device-memory support. */
 int tk_device_available(void);
+/* The compute capability's major number of device 0 (9: Hopper), or 0 without one. */
+int tk_device_cc_major(void);
 /* Mirror b on the device (allocate + upload the whole allocation) / download it back. */
 int tk_device_upload(tk_buf *b);
 int tk_device_download(tk_buf *b);

@@ -20,6 +20,12 @@ int tk_device_available(void) {
     return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
+int tk_device_cc_major(void) {
+    int cc = 0;
+    return cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess ? cc
+                                                                                           : 0;
+}
+
 int tk_device_upload(tk_buf *b) {
     if (!b->base) return 0;
     if (!b->dev && cudaMalloc(&b->dev, b->bytes) != cudaSuccess) {
@@ -62,6 +68,7 @@ int tk_device_read_array(void *host, const void *dev, size_t bytes) {
 #else /* no device support compiled in */
 
 int tk_device_available(void) { return 0; }
+int tk_device_cc_major(void) { return 0; }
 int tk_device_upload(tk_buf *b) { (void)b; return 1; }
 int tk_device_download(tk_buf *b) { (void)b; return 1; }
 void tk_device_free(tk_buf *b) { b->dev = NULL; }

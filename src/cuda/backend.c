@@ -696,9 +696,11 @@ static int env_off(const char *name) {
 static fa_status cuda_ctx_init(fa_context *ctx) {
     /* On sm_90 the Hopper kernels are preferred for the head dims they have;
        FLASHATTN_CUDA_SM90=0 turns both off (the sm80 kernels then run there too, e.g. to test
-       them), FLASHATTN_CUDA_SM90_BWD=0 the backward alone */
-    ctx->sm90_fwd = !env_off("FLASHATTN_CUDA_SM90");
-    ctx->sm90_bwd = ctx->sm90_fwd && !env_off("FLASHATTN_CUDA_SM90_BWD");
+       them), FLASHATTN_CUDA_SM90_FWD=0 the forward alone, FLASHATTN_CUDA_SM90_BWD=0 the
+       backward alone */
+    const int sm90 = !env_off("FLASHATTN_CUDA_SM90");
+    ctx->sm90_fwd = sm90 && !env_off("FLASHATTN_CUDA_SM90_FWD");
+    ctx->sm90_bwd = sm90 && !env_off("FLASHATTN_CUDA_SM90_BWD");
     void *h = NULL, *d = NULL;
     const enum cudaStreamCaptureMode was = capture_mode(cudaStreamCaptureModeRelaxed);
     cudaError_t e = cudaHostAlloc(&h, sizeof(fa_bad_index),

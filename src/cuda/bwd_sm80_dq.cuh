@@ -99,11 +99,12 @@ __global__ void __launch_bounds__(C::THREADS) bwd_dq_kernel(const __grid_constan
                (every warp is past S before the vote) and zeroed on a hit; the rows that see it
                keep it through dS (masked_specials.cuh) */
             const int nk = min(BN, s.sk - j0);
+            using NfL = NfRows<LD>;
             if (!fa_range_holds(every, j0, j0 + nk) &&
-                __syncthreads_or(nf_scan<T, LD, LCH>(sKb, 0, nk, every.lo - j0, every.hi - j0,
-                                                     tid, THREADS))) {
-                nf_scan_zero<T, LD, LCH>(sKb, 0, nk, every.lo - j0, every.hi - j0,
-                                         NfMap{rk, 0, 1, true, i0, j0}, NfNoSink{}, tid, THREADS);
+                __syncthreads_or(nf_scan<T, NfL, LCH>(sKb, 0, nk, every.lo - j0, every.hi - j0,
+                                                      tid, THREADS))) {
+                nf_scan_zero<T, NfL, LCH>(sKb, 0, nk, every.lo - j0, every.hi - j0,
+                                          NfMap{rk, 0, 1, true, i0, j0}, NfNoSink{}, tid, THREADS);
                 __syncthreads();
             }
             /* dQ += dS K: dS straight from the registers as A fragments */

@@ -199,10 +199,11 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_main_kernel(const __grid_co
                dV's terms of dO, which go to the dV table. K, kept for the next tiles, is
                restored after the dQ product. */
             const int nq = min(BM, s.sq - i0);
+            using NfL = NfRows<LD_D>;
             auto qall = [&] { return fa_rows_seeing_all(rk, j0, j0 + nk); };
             auto kall = [&] { return fa_rows_common(rk, i0, i0 + nq); };
             bool hit = false, nf = false;
-            if (DQ_ATOMIC && it == 0 && nf_scan<T, LD_D, LCH>(sK, 0, nk, 0, 0, tid, THREADS)) {
+            if (DQ_ATOMIC && it == 0 && nf_scan<T, NfL, LCH>(sK, 0, nk, 0, 0, tid, THREADS)) {
                 asm volatile("st.shared.u32 [%0], 1;\n" ::"r"(sNfK + 4)); /* for the tiles after */
                 hit = true;
             }
@@ -224,14 +225,14 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_main_kernel(const __grid_co
             if (nf) {
                 const fa_range q = qall(), k = kall();
                 const NfMap m{rk, 0, 1, false, j0, i0};
-                nf_scan_zero<T, LD_D, LCH>(sQb, 0, nq, q.lo - i0, q.hi - i0, m, NfNoSink{}, tid,
-                                           THREADS);
-                nf_scan_zero<T, LD_D, LCH>(sdOb, 0, nq, q.lo - i0, q.hi - i0, m,
-                                           NfTableSink{sNfV, BN, D}, tid, THREADS);
+                nf_scan_zero<T, NfL, LCH>(sQb, 0, nq, q.lo - i0, q.hi - i0, m, NfNoSink{}, tid,
+                                          THREADS);
+                nf_scan_zero<T, NfL, LCH>(sdOb, 0, nq, q.lo - i0, q.hi - i0, m,
+                                          NfTableSink{sNfV, BN, D}, tid, THREADS);
                 if (DQ_ATOMIC)
-                    nf_scan_zero<T, LD_D, LCH>(sK, 0, nk, k.lo - j0, k.hi - j0,
-                                               NfMap{rk, 0, 1, true, i0, j0}, NfFlagSink{sNfK},
-                                               tid, THREADS);
+                    nf_scan_zero<T, NfL, LCH>(sK, 0, nk, k.lo - j0, k.hi - j0,
+                                              NfMap{rk, 0, 1, true, i0, j0}, NfFlagSink{sNfK},
+                                              tid, THREADS);
                 __syncthreads();
             }
 
@@ -269,7 +270,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_main_kernel(const __grid_co
                 }
             }
             if (DQ_ATOMIC && nf)
-                nf_restore<T, LD_D, LCH>(sK, kg, a.k_st, nk, a.d, sNfK, tid, THREADS);
+                nf_restore<T, NfL, LCH>(sK, kg, a.k_st, nk, a.d, sNfK, tid, THREADS);
             h = h_next;
             mb = last_mb ? 0 : mb + 1;
         }

@@ -33,7 +33,9 @@
  * d 64 and 128 (exactly), fp16/bf16, every mask, softcap, ALiBi, GQA (and its split), varlen;
  * without DQ (deterministic mode) the dQ part is left to the sm80 dQ kernel. d 256 has a
  * kernel of its own (bwd_sm90_d256_kernel, below: 64 keys, the warpgroups split by product
- * and by column half).
+ * and by column half). The d 256 kernel keeps the mask rule for Inf and NaN (nf_hit, below);
+ * the d 64/128 kernel not yet (its repair cost 4-12%:
+ * bench/probes/masked_bwd_sm90_d64_d128.patch).
  */
 #ifndef FA_CUDA_BWD_SM90_CUH
 #define FA_CUDA_BWD_SM90_CUH
@@ -43,6 +45,7 @@
 
 #include "bwd_sm80.cuh"
 #include "bwd_sm80_tile.cuh"
+#include "masked_specials.cuh"
 #include "ptx.cuh"
 #include "wgmma.cuh"
 
@@ -70,7 +73,14 @@ template <int D_> struct Sm90Cfg {
     static constexpr uint32_t OFF_L = OFF_DS + (DS_BUFS + P_BUFS) * DS_TILE;
     static constexpr uint32_t OFF_DD = OFF_L + STAGES * BM * 4;
     static constexpr uint32_t OFF_BAR = OFF_DD + STAGES * BM * 4;
-    static constexpr size_t SMEM = OFF_BAR + 8 * (1 + STAGES) + 1024; /* + aligning */
+    /* d 256: the dV table of masked dO specials (masked_specials.cuh), then two words: "K was
+       zeroed" and "K holds an Inf or NaN" (the d 64/128 kernel does not keep the rule yet:
+       docs/masked_specials_cuda.md) */
+    static constexpr uint32_t NF_WORDS = D == 256 ? NfTable<BN, D>::WORDS + 2 : 0;
+    static constexpr uint32_t OFF_NF = (OFF_BAR + 8 * (1 + STAGES) + 15) / 16 * 16;
+    static constexpr uint32_t OFF_NFK = OFF_NF + (uint32_t)NfTable<BN, D>::BYTES;
+    static constexpr size_t SMEM = (D == 256 ? OFF_NF + NF_WORDS * 4 : OFF_BAR + 8 * (1 + STAGES)) +
+                                   1024; /* + aligning */
     static_assert(BM % 64 == 0 && kRowPad % BM == 0, "query tiles inside the row padding");
 };
 
@@ -141,6 +151,8 @@ template <typename C>
 __device__ __forceinline__ void start_block(const Sm90Args &g, const Blk &k, uint32_t base) {
     using namespace fa::sm90;
     const uint32_t bar_kv = base + C::OFF_BAR;
+    if constexpr (C::NF_WORDS > 0) /* the barrier below publishes the zeros */
+        nf_table_clear(base + C::OFF_NF, C::NF_WORDS, threadIdx.x, C::THREADS);
     if (threadIdx.x == 0) {
         mbar_init(bar_kv, 1);
         for (int st = 0; st < C::STAGES; st++) mbar_init(bar_kv + 8 + 8 * st, 1);
@@ -187,6 +199,107 @@ __device__ __forceinline__ void p_of_t(float (&sc)[4 * NQ], const BwdArgs &a, co
                 const float x = sc[4 * j + 2 * hr + e] * a.scale - slope * fabsf((float)(ci - kj));
                 sc[4 * j + 2 * hr + e] = kj >= lo && kj < hi ? prob_exp2(x, kLog2e, l2) : 0.f;
             }
+        }
+}
+
+/* dS^T of the masked pairs exactly 0, on a tile with a mask edge: their P is 0, but dP may be
+   Inf or NaN (a special in V or dO), and 0 times it would reach dQ and dK */
+template <int NQ>
+__device__ __forceinline__ void ds_mask_t(float (&ds)[4 * NQ], const Blk &k, int i0, int kl0,
+                                          int t4) {
+#pragma unroll
+    for (int j = 0; j < NQ; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int i = i0 + 8 * j + 2 * t4 + e;
+            const int lo = fa_rows_lo(k.rk, i), hi = i < k.s.sq ? fa_rows_hi(k.rk, i) : 0;
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int kj = k.j0 + kl0 + 8 * hr;
+                if (kj < lo || kj >= hi) ds[4 * j + 2 * hr + e] = 0.f;
+            }
+        }
+}
+
+/*
+ * The mask rule for Inf and NaN (masked_specials.cuh). An Inf or NaN in Q or dO of a query row,
+ * or in K of a key, that the other side of a masked pair cannot see would reach it through
+ * dK += dS^T Q, dV += P^T dO or dQ += dS K (0 times it is NaN). Such a row has a non-finite
+ * LSE (its scores are Inf or NaN) or D (rowsum dO O); K is scanned once, when the block starts
+ * (nf_check_k, which sets the word at OFF_NFK + 4; only where the kernel has the dQ product).
+ * nf_hit: whether this thread sees a reason for the repair on a tile with a mask edge: one of
+ * its rows that does not see every key of the block has a non-finite LSE or D, or K holds a
+ * special. The caller votes; on a hit, nf_zero_tile sets the specials of the rows some pair
+ * cannot see to 0 (every warpgroup is past its S^T and dP^T products): Q's and K's reach the
+ * pairs that do see them through S anyway, dO's terms go to the dV table. K, kept for the next
+ * tiles, is restored after the dQ product (nf_restore_k).
+ */
+template <typename T, typename C, bool DQ>
+__device__ __forceinline__ bool nf_check_k(const Blk &k, uint32_t base) {
+    if (!DQ || k.niter == 0) return false; /* only the dQ product reads K's masked rows */
+    fa::sm90::mbar_wait(base + C::OFF_BAR, 0); /* K and V have landed */
+    const bool bad = nf_scan<T, NfSw128<C::KV_PANEL>, C::D / 8>(base + C::OFF_K, 0, k.nk, 0, 0,
+                                                                 threadIdx.x, C::THREADS);
+    if (bad) fa::sm90::st_shared_u32(base + C::OFF_NFK + 4, 1u);
+    return bad;
+}
+template <typename C>
+__device__ __forceinline__ bool nf_hit(const Blk &k, uint32_t base, const float *sL,
+                                       const float *sDd, int i0) {
+    const int nq = min(C::BM, k.s.sq - i0);
+    const fa_range q = fa_rows_seeing_all(k.rk, k.j0, k.j0 + k.nk);
+    bool hit = false;
+    for (int r = threadIdx.x; r < nq; r += C::THREADS)
+        if ((i0 + r < q.lo || i0 + r >= q.hi) && !(nf_finite(sL[r]) && nf_finite(sDd[r])))
+            hit = true;
+    uint32_t kbad;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(kbad) : "r"(base + C::OFF_NFK + 4));
+    return hit || kbad != 0;
+}
+template <typename T, typename C, bool DQ>
+__device__ __forceinline__ void nf_zero_tile(const Blk &k, uint32_t base, uint32_t sQ,
+                                             uint32_t sdO, int i0) {
+    using L = NfSw128<C::Q_PANEL>;
+    const int nq = min(C::BM, k.s.sq - i0), t = threadIdx.x;
+    const fa_range q = fa_rows_seeing_all(k.rk, k.j0, k.j0 + k.nk);
+    const fa_range kc = fa_rows_common(k.rk, i0, i0 + nq);
+    const NfMap m{k.rk, 0, 1, false, k.j0, i0};
+    nf_scan_zero<T, L, C::D / 8>(sQ, 0, nq, q.lo - i0, q.hi - i0, m, NfNoSink{}, t, C::THREADS);
+    nf_scan_zero<T, L, C::D / 8>(sdO, 0, nq, q.lo - i0, q.hi - i0, m,
+                                 NfTableSink{base + C::OFF_NF, C::BN, C::D}, t, C::THREADS);
+    if (DQ)
+        nf_scan_zero<T, NfSw128<C::KV_PANEL>, C::D / 8>(
+            base + C::OFF_K, 0, k.nk, kc.lo - k.j0, kc.hi - k.j0,
+            NfMap{k.rk, 0, 1, true, i0, k.j0}, NfFlagSink{base + C::OFF_NFK}, t, C::THREADS);
+    fa::sm90::fence_async_smem(); /* the products read the zeros through the async proxy */
+    __syncthreads();
+}
+template <typename T, typename C>
+__device__ __forceinline__ void nf_restore_k(const BwdArgs &a, const Blk &k, uint32_t base) {
+    const T *kg = (const T *)a.k + k.s.bk * a.k_sb + (int64_t)(k.s.k0 + k.j0) * a.k_st +
+                  (int64_t)k.hkv * a.k_sh;
+    nf_restore<T, NfSw128<C::KV_PANEL>, C::D / 8>(base + C::OFF_K, kg, a.k_st, k.nk, C::D,
+                                                  base + C::OFF_NFK, threadIdx.x, C::THREADS);
+    fa::sm90::fence_async_smem();
+    __syncthreads();
+}
+
+/* dV's accumulator (this thread: keys kl0, kl0 + 8; columns c0 + 8j + 2t4 + 0/1) plus the
+   terms of masked dO specials in the table (masked_specials.cuh) */
+template <typename C, int NJ>
+__device__ __forceinline__ void nf_apply_dv(float (&dv)[4 * NJ], uint32_t base, int kl0, int c0,
+                                            int t4) {
+    const uint32_t table = base + C::OFF_NF;
+    uint32_t dirty;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(dirty) : "r"(table));
+    if (!dirty) return;
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t bits =
+                nf_table_bits(table, C::D, kl0 + 8 * (i / 2), c0 + 8 * j + 2 * t4 + i % 2);
+            if (bits) dv[4 * j + i] += __uint_as_float(nf_value(bits));
         }
 }
 
@@ -466,6 +579,7 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_sm90_d256_kernel(const __gr
     const int niter = k.niter;
 
     start_block<C>(g, k, base);
+    const bool kbad = nf_check_k<T, C, DQ>(k, base);
 
     /* this thread's keys kl0, kl0 + 8 (of the block's 64) in every accumulator */
     const int kl0 = 16 * warp + g4;
@@ -494,9 +608,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_sm90_d256_kernel(const __gr
         issue_rows<T, C, BM>(sc, c == 0 ? sK : sV, c == 0 ? sQ : sdO);
         wg_wait<0>();
         wg_pin(sc);
+        const bool full = i0 + BM <= k.s.sq &&
+                          fa_range_holds(fa_rows_common(k.rk, i0, i0 + BM), k.j0, k.j0 + BN);
         if (c == 0) {
-            const bool full = i0 + BM <= k.s.sq &&
-                              fa_range_holds(fa_rows_common(k.rk, i0, i0 + BM), k.j0, k.j0 + BN);
             const float slope = a.alibi ? a.alibi[k.b * a.alibi_sb + h] : 0.f;
             p_of_t<NQ>(sc, a, k, sL, i0, kl0, t4, slope, full && !a.alibi);
 #pragma unroll
@@ -518,13 +632,28 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_sm90_d256_kernel(const __gr
                 for (int hr = 0; hr < 2; hr++) {
                     const uint32_t off = kq_off(C::DS_PANEL, kl0 + 8 * hr, j, t4);
                     const float2 p = unpack2<__half>(*(const uint32_t *)(sm + C::OFF_PH + off));
-                    st_shared_u32(sdS + off, pack2<T>(p.x * (sc[4 * j + 2 * hr] - dd.x),
-                                                      p.y * (sc[4 * j + 2 * hr + 1] - dd.y)));
+                    sc[4 * j + 2 * hr] = p.x * (sc[4 * j + 2 * hr] - dd.x);
+                    sc[4 * j + 2 * hr + 1] = p.y * (sc[4 * j + 2 * hr + 1] - dd.y);
                 }
             }
+            if (!full) ds_mask_t<NQ>(sc, k, i0, kl0, t4);
+#pragma unroll
+            for (int j = 0; j < NQ; j++)
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++)
+                    st_shared_u32(sdS + kq_off(C::DS_PANEL, kl0 + 8 * hr, j, t4),
+                                  pack2<T>(sc[4 * j + 2 * hr], sc[4 * j + 2 * hr + 1]));
             fence_async_smem();
         }
-        asm volatile("bar.sync 1, 256;\n" ::: "memory"); /* dS^T is in shared memory */
+        /* dS^T is in shared memory; masked specials (nf_hit): a tile with a mask edge votes
+           in this barrier's place and repairs on a hit */
+        bool nf = false;
+        if (full) {
+            asm volatile("bar.sync 1, 256;\n" ::: "memory");
+        } else {
+            nf = __syncthreads_or(kbad || nf_hit<C>(k, base, sL, sDd, i0));
+            if (nf) nf_zero_tile<T, C, DQ>(k, base, sQ, sdO, i0);
+        }
 
         /* this warpgroup's column half (panels 2c, 2c + 1) of dV += P^T dO and dK += dS^T Q
            (A K-major: k-step kk is queries 16kk.., 32 bytes into the rows; B MN-major: query
@@ -565,7 +694,9 @@ __global__ void __launch_bounds__(C::THREADS, 1) bwd_sm90_d256_kernel(const __gr
             wg_pin(dk);
         }
         asm volatile("bar.sync 1, 256;\n" ::: "memory"); /* the tile is done everywhere */
+        if (DQ && nf) nf_restore_k<T, C>(a, k, base);
     }
+    nf_apply_dv<C, 16>(dv, base, kl0, 128 * c, t4);
     store_dkv<T, C, 16>(a, k, base, sm, dk, dv, kl0, 128 * c, t4);
 #endif
 }

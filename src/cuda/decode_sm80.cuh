@@ -472,9 +472,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) decode_sm80_kernel(const 
            special is zeroed, its term kept for the rows that see it (masked_specials.cuh) */
         const int nv = min(BNW, ke - j0);
         if (!fa_range_holds(all, j0, j0 + nv)) {
-            nf_scan_zero<T, LD, D / 8>(sV, 0, nv, all.lo - j0, all.hi - j0,
-                                       NfMap{rk(), lp, a.group, true, row0, j0},
-                                       NfTableSink{sNf, 16, D}, lane, 32);
+            nf_scan_zero<T, NfRows<LD>, D / 8>(sV, 0, nv, all.lo - j0, all.hi - j0,
+                                               NfMap{rk(), lp, a.group, true, row0, j0},
+                                               NfTableSink{sNf, 16, D}, lane, 32);
             __syncwarp();
         }
 #pragma unroll

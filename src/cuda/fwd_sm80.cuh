@@ -328,9 +328,10 @@ __global__ void __launch_bounds__(C::THREADS, DROP ? 1 : C::MINB)
                special is zeroed, its term kept for the rows that see it (masked_specials.cuh) */
             const int nv = min(BN, sk - kcol0);
             if (edge && !fa_range_holds(every, kcol0, kcol0 + nv))
-                nf_scan_zero<T, LD, D / 8>(sV, 0, nv, every.lo - kcol0, every.hi - kcol0,
-                                           NfMap{rk(), 0, 1, true, row0, kcol0},
-                                           NfTableSink{sNf, BM, D}, tid, C::THREADS);
+                nf_scan_zero<T, NfRows<LD>, D / 8>(sV, 0, nv, every.lo - kcol0,
+                                                   every.hi - kcol0,
+                                                   NfMap{rk(), 0, 1, true, row0, kcol0},
+                                                   NfTableSink{sNf, BM, D}, tid, C::THREADS);
             __syncthreads(); /* V(nb) visible (K(nb-1) may still be landing) */
 
             /* O += P V */

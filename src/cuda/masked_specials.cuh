@@ -112,9 +112,25 @@ struct NfFlagSink {
     }
 };
 
+/* Where chunk ch (8 elements, 16 bytes) of row s of a 16-bit tile lies. NfRows<LD>: rows of LD
+   elements (the sm80 kernels' padded tiles); NfSw128<PANEL>: 64-column panels of PANEL bytes,
+   128-byte rows whose chunks are XORed with the row's low 3 bits (the Hopper kernels' tiles, as
+   the copy engine writes them with the 128-byte swizzle). */
+template <int LD> struct NfRows {
+    static __device__ __forceinline__ uint32_t at(uint32_t tile, int s, int ch) {
+        return tile + (uint32_t)(s * LD + ch * 8) * 2u;
+    }
+};
+template <uint32_t PANEL> struct NfSw128 {
+    static __device__ __forceinline__ uint32_t at(uint32_t tile, int s, int ch) {
+        return tile + (uint32_t)(ch / 8) * PANEL + (uint32_t)s * 128u +
+               (uint32_t)((ch % 8) ^ (s % 8)) * 16u;
+    }
+};
+
 /*
- * The scan and zeroing on rows [r0, r1) of a 16-bit tile (element (s, c) at byte (s LD + c) 2,
- * CH chunks of 8 a row), skipping rows [x0, x1), which every row of the other side sees (their
+ * The scan and zeroing on rows [r0, r1) of a 16-bit tile (chunks where layout L puts them, CH
+ * chunks of 8 a row), skipping rows [x0, x1), which every row of the other side sees (their
  * specials reach all of those rows anyway): each Inf or NaN goes to `sink` and is zeroed.
  * Thread t of n takes every n-th chunk; the caller's barrier then makes the zeros visible.
  *
@@ -122,14 +138,14 @@ struct NfFlagSink {
  * registers on a kernel with the call (the sm80 d 64 forward: 168 -> 240); where that would
  * cost blocks per multiprocessor, the kernel's __launch_bounds__ holds it (FwdCfg::MINB).
  */
-template <typename T, int LD, int CH, typename Sink>
+template <typename T, typename L, int CH, typename Sink>
 __device__ __noinline__ void nf_scan_zero(uint32_t tile, int r0, int r1, int x0, int x1, NfMap m,
                                           Sink sink, int t, int n) {
     constexpr uint32_t E = NfExp<T>::E, SIGN = 0x8000u;
     for (int i = t; i < (r1 - r0) * CH; i += n) {
         const int s = r0 + i / CH;
         if (s >= x0 && s < x1) continue;
-        const uint32_t a = tile + (uint32_t)(s * LD + (i % CH) * 8) * 2u;
+        const uint32_t a = L::at(tile, s, i % CH);
         if (!nf_chunk_at<T>(a)) continue;
         for (int k = 0; k < 8; k++) {
             uint32_t w;
@@ -144,13 +160,13 @@ __device__ __noinline__ void nf_scan_zero(uint32_t tile, int r0, int r1, int x0,
 /* The scan alone, for a kernel that must zero only after a barrier (other warps still read the
    tile): whether this thread's chunks of those rows hold an Inf or NaN; the caller votes
    (__syncthreads_or in place of a barrier it has anyway) and zeroes on a hit. */
-template <typename T, int LD, int CH>
+template <typename T, typename L, int CH>
 __device__ __noinline__ bool nf_scan(uint32_t tile, int r0, int r1, int x0, int x1, int t, int n) {
     bool bad = false;
     for (int i = t; i < (r1 - r0) * CH; i += n) {
         const int s = r0 + i / CH;
         if (s >= x0 && s < x1) continue;
-        bad |= nf_chunk_at<T>(tile + (uint32_t)(s * LD + (i % CH) * 8) * 2u);
+        bad |= nf_chunk_at<T>(L::at(tile, s, i % CH));
     }
     return bad;
 }
@@ -183,7 +199,7 @@ __device__ __forceinline__ void nf_table_apply(float (&acc)[MT][NT][4], uint32_t
 /* After a product that read a tile zeroed under NfFlagSink (word set), with the same barrier
    in every thread: the tile's `rows` rows (first d columns, CH chunks) again from global
    memory g, for the tiles after, and the word cleared. */
-template <typename T, int LD, int CH>
+template <typename T, typename L, int CH>
 __device__ __noinline__ void nf_restore(uint32_t tile, const T *g, int64_t stride, int rows, int d,
                                         uint32_t word, int t, int n) {
     uint32_t set;
@@ -193,8 +209,7 @@ __device__ __noinline__ void nf_restore(uint32_t tile, const T *g, int64_t strid
     for (int i = t; i < rows * CH; i += n) {
         if (i % CH * 8 >= d) continue;
         const uint4 v = *(const uint4 *)(g + (int64_t)(i / CH) * stride + i % CH * 8);
-        asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(
-                         tile + (uint32_t)((i / CH) * LD + i % CH * 8) * 2u),
+        asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(L::at(tile, i / CH, i % CH)),
                      "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
     }
     if (t == 0) asm volatile("st.shared.u32 [%0], 0;\n" ::"r"(word));
