@@ -79,8 +79,8 @@ template <int D_> struct Sm90Cfg {
     static constexpr uint32_t NF_WORDS = D == 256 ? NfTable<BN, D>::WORDS + 2 : 0;
     static constexpr uint32_t OFF_NF = (OFF_BAR + 8 * (1 + STAGES) + 15) / 16 * 16;
     static constexpr uint32_t OFF_NFK = OFF_NF + (uint32_t)NfTable<BN, D>::BYTES;
-    static constexpr size_t SMEM = (D == 256 ? OFF_NF + NF_WORDS * 4 : OFF_BAR + 8 * (1 + STAGES)) +
-                                   1024; /* + aligning */
+    static constexpr size_t SMEM =
+        (D == 256 ? OFF_NF + NF_WORDS * 4 : OFF_BAR + 8 * (1 + STAGES)) + 1024; /* + aligning */
     static_assert(BM % 64 == 0 && kRowPad % BM == 0, "query tiles inside the row padding");
 };
 
